@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test test-fast bench clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+# 3 workers on this machine, one emulated 3x slower: BSP, then LB-BSP, then a comparison.
+demo: venv
+	$(BIN)/python examples/demo.py
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+# Unit tests only (no processes): seconds.
+test-fast: venv
+	$(BIN)/python -m pytest -q tests -m "not cluster and not ssh"
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,112 @@
+"""Train a Gluon model with LB-BSP. Copy this script; the mxlbbsp lines are marked.
+
+One process (the whole global batch on this machine):
+    python examples/train_gluon.py --model cnn --data digits --epochs 2
+A job with 3 workers, one of them emulated 3x slower:
+    mxlbbsp launch -n 3 --emulate-slowdown 1,1,3 -- python examples/train_gluon.py --model cnn
+
+Data: ``synthetic`` (random images whose labels follow a fixed random linear rule, so the
+loss goes down), ``digits`` (scikit-learn's bundled 8x8 digits, 1797 images, no download),
+or ``cifar10`` from a local folder (``--data-dir``, the python or binary version of
+CIFAR-10; nothing is downloaded).
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+import mxlbbsp                                     # mxlbbsp
+from mxlbbsp.models import get_model
+from mxlbbsp import datasets
+
+log = logging.getLogger("train_gluon")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="cnn", help="mlp, cnn, resnet20, resnet18, mobilenet, "
+                   "vgg or any gluoncv model-zoo name (default: cnn)")
+    p.add_argument("--data", default="digits", choices=["synthetic", "digits", "cifar10"])
+    p.add_argument("--data-dir", help="folder with CIFAR-10 (for --data cifar10)")
+    p.add_argument("--samples", type=int, default=4096, help="synthetic data set size")
+    p.add_argument("--image-shape", default="3,32,32", help="synthetic image shape C,H,W")
+    p.add_argument("--batch-size", type=int, default=64, help="global batch size B")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--iterations", type=int, default=0,
+                   help="stop after this many iterations in all (0: run all epochs)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--wd", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="data loading processes per worker (gluon's num_workers)")
+    p.add_argument("--last-batch", default="keep", choices=["keep", "discard"])
+    p.add_argument("--save-params", help="save the trained parameters here (rank 0)")
+    p.add_argument("--log-interval", type=int, default=20)
+    p.add_argument("--eval", action="store_true", help="report test accuracy every epoch")
+    return p.parse_args(argv)
+
+
+def evaluate(net, dataset, batch_size=256):
+    metric = mx.metric.Accuracy()
+    for data, label in gluon.data.DataLoader(dataset, batch_size=batch_size):
+        metric.update(label, net(data))
+    return metric.get()[1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    mx.random.seed(args.seed)
+    np.random.seed(args.seed)
+    try:
+        train, test = datasets.load(args.data, data_dir=args.data_dir, samples=args.samples,
+                                    image_shape=args.image_shape, seed=args.seed)
+        net = get_model(args.model, classes=datasets.num_classes(args.data))
+    except ValueError as exc:
+        sys.stderr.write(f"train_gluon.py: error: {exc}\n")
+        return 2
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    loader = mxlbbsp.DataLoader(train, global_batch_size=args.batch_size,    # mxlbbsp
+                                shuffle=True, seed=args.seed, last_batch=args.last_batch,
+                                num_workers=args.loader_workers)
+    trainer = mxlbbsp.Trainer(net.collect_params(), "sgd",                   # mxlbbsp
+                              {"learning_rate": args.lr, "momentum": args.momentum,
+                               "wd": args.wd})
+    rank = mxlbbsp.rank()
+    iteration, started = 0, time.time()
+    for epoch in range(args.epochs):
+        for data, label in loader:                 # len(data) varies between iterations
+            with autograd.record():
+                loss = loss_fn(net(data), label)   # per-sample losses
+            loss.backward()                        # sums per-sample gradients
+            trainer.step()                         # / B: exactly large-batch SGD  # mxlbbsp
+            iteration += 1
+            if rank == 0 and args.log_interval and iteration % args.log_interval == 0:
+                log.info("epoch %d iteration %d: loss %.4f, local batch %d, %.1f samples/s "
+                         "(global)", epoch, iteration, loss.mean().asscalar(), len(data),
+                         iteration * args.batch_size / (time.time() - started))
+            if args.iterations and iteration >= args.iterations:
+                break
+        if args.eval and rank == 0 and test is not None:
+            log.info("epoch %d: test accuracy %.4f", epoch, evaluate(net, test))
+        if args.iterations and iteration >= args.iterations:
+            break
+    if args.save_params and rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.save_params)), exist_ok=True)
+        net.save_parameters(args.save_params)
+    if rank == 0:
+        log.info("done: %d iterations in %.1f s", iteration, time.time() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `mxlbbsp` command line (click): launch, predict, report, trace."""

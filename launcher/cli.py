@@ -1,0 +1,155 @@
+"""The ``mxlbbsp`` command. ``main(argv)`` is callable from tests and returns the exit code.
+
+Every error is one line on stderr, ``mxlbbsp <command>: error: <what, where, what to do>``:
+exit 2 for bad input, 1 when the job could not run; no traceback.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import List, Optional
+
+import click
+
+from mxlbbsp import __version__, predictors
+
+from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
+
+EXIT_USAGE = 2
+
+LAUNCH_HELP = """Run COMMAND on N workers as one LB-BSP job.
+
+\b
+Starts, on this machine (or over SSH on the hosts of a hostfile):
+  the ps-lite scheduler, S parameter servers (python -m mxlbbsp.server),
+  the coordinator (in this process: predicts each worker's speed and splits
+  the global batch so that all finish together), and N copies of COMMAND
+  with DMLC_ROLE=worker. Every output line is prefixed with its role and rank.
+The job ends when every worker has exited 0; the first failure, Ctrl-C or
+SIGTERM stops every process of the job and names the cause.
+
+\b
+Examples:
+  mxlbbsp launch -n 4 -- python train.py --epochs 10
+  mxlbbsp launch -n 3 --emulate-slowdown 1,1,3 --metrics m.jsonl -- python train.py
+  mxlbbsp launch -H hosts.txt -s 2 --sync bsp -- python train.py
+"""
+
+
+class _Group(click.Group):
+    def format_epilog(self, ctx, formatter):
+        formatter.write_paragraph()
+        formatter.write_text("Run 'mxlbbsp COMMAND --help' for a command's options. "
+                             "Docs: README.md and docs/ARCHITECTURE.md.")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mxlbbsp")
+@click.option("-v", "--verbose", is_flag=True, help="Log the coordinator's decisions (debug).")
+def cli(verbose):
+    """mxlbbsp: load-balanced synchronous training (LB-BSP) for Apache MXNet."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="[mxlbbsp] %(levelname)s %(name)s: %(message)s")
+
+
+@cli.command(help=LAUNCH_HELP, context_settings={"help_option_names": ["-h", "--help"],
+                                                  "max_content_width": 100})
+@click.option("-n", "--num-workers", type=int, metavar="N",
+              help="Number of workers (default with -H: one per hostfile slot).")
+@click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
+              help="Number of parameter servers.")
+@click.option("-H", "--hostfile", metavar="PATH",
+              help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
+                   "'host slots=N'. Without it everything runs on this machine.")
+@click.option("--sync", type=click.Choice(["lbbsp", "bsp", "asp", "r2sp"]), default="lbbsp",
+              show_default=True,
+              help="lbbsp: split B by predicted speed; bsp: equal split B/n (dist_sync); "
+                   "asp: equal split, no barrier (dist_async).")
+@click.option("--predictor", default="ema", show_default=True, metavar="NAME",
+              help=f"Speed predictor: {', '.join(predictors.available())}.")
+@click.option("--time-model", type=click.Choice(["linear", "affine"]), default="linear",
+              show_default=True,
+              help="linear: time = b / speed (b proportional to speed); affine: time = a + "
+                   "b / speed with a fitted fixed cost a per worker.")
+@click.option("--threshold", type=float, default=0.03, show_default=True,
+              help="Semi-dynamic balancing: keep the current split unless the new one is "
+                   "predicted to be this much faster.")
+@click.option("--max-batch-size", type=int, metavar="B",
+              help="Most samples one worker may get per iteration (e.g. its memory).")
+@click.option("--emulate-slowdown", metavar="SPEC",
+              help="Stretch each worker's compute: '1,1,3' (one factor per worker) or a CSV "
+                   "trace with columns iteration,rank,slowdown.")
+@click.option("--metrics", metavar="PATH",
+              help="Write one JSON record per worker per iteration here (JSON Lines).")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="Set a variable for every process (repeatable).")
+@click.option("--log-dir", metavar="DIR",
+              help="Also write each process's output to DIR/<role>.<rank>.log.")
+@click.option("--progress", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="Print a progress line this often (0: never).")
+@click.option("--stall-timeout", type=float, metavar="SECONDS",
+              help="Stop the job when no iteration finishes for this long (default: off).")
+@click.option("--bind", metavar="ADDR",
+              help="Address of this machine for the scheduler and coordinator (default: "
+                   "127.0.0.1 without -H, else the one facing the first host).")
+@click.option("--ssh-port", type=int, metavar="PORT", help="SSH port (a host:port wins).")
+@click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
+@click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
+              help="Extra ssh -o option (repeatable).")
+@click.option("--remote-python", metavar="PATH",
+              help="Python on the remote hosts (default: this one's path, "
+                   "i.e. the same virtualenv everywhere).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the placement and the commands; start nothing.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
+           max_batch_size, emulate_slowdown, metrics, env_items, log_dir, progress,
+           stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
+           dry_run, command):
+    from .job import Job
+
+    config = LaunchConfig(
+        command=list(command), num_workers=num_workers, num_servers=num_servers,
+        hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
+        threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
+        stall_timeout=stall_timeout, bind=bind, ssh_port=ssh_port, ssh_identity=ssh_identity,
+        ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
+        dry_run=dry_run)
+    if sync == "r2sp":
+        raise ConfigError("--sync r2sp is not implemented yet; use lbbsp, bsp or asp")
+    return Job(config).run()
+
+
+def _fail(command: Optional[str], message: str, code: int) -> int:
+    where = f"mxlbbsp {command}" if command else "mxlbbsp"
+    sys.stderr.write(f"{where}: error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the CLI; returns the exit code (the console script exits with it)."""
+    from .job import JobFailed
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = next((a for a in argv if a in cli.commands), None)
+    try:
+        rv = cli.main(args=argv, prog_name="mxlbbsp", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return _fail(name, "interrupted", 130)
+    except click.UsageError as exc:
+        hint = f" (see 'mxlbbsp {name} --help')" if name else " (see 'mxlbbsp --help')"
+        return _fail(name, exc.format_message().replace("\n", " ") + hint, EXIT_USAGE)
+    except click.ClickException as exc:
+        return _fail(name, exc.format_message(), exc.exit_code)
+    except ConfigError as exc:
+        return _fail(name, str(exc), EXIT_USAGE)
+    except JobFailed as exc:
+        return _fail(name, str(exc), 1)
+    except KeyboardInterrupt:
+        return _fail(name, "interrupted", 130)
+    return rv if isinstance(rv, int) else 0
+

@@ -1,0 +1,339 @@
+"""Run one job: place the roles, start them, supervise them, tear everything down.
+
+Order of start: coordinator (a thread of this process), the ps-lite scheduler (on a free
+port, restarted on another if the port was taken meanwhile), the servers, the workers. Then
+the supervision loop, every 0.1 s, ends the job on the first of:
+
+* a configuration problem found by the coordinator (e.g. global batch < workers): exit 2;
+* a process exiting non-zero (or an SSH connection lost): that exit code, naming the role,
+  rank and host;
+* SIGINT / SIGTERM: 130 / 143;
+* no iteration finished for ``--stall-timeout`` seconds (a dead ps-lite peer hangs rather
+  than fails): 124;
+* every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
+
+Whatever ended the job, every process of it on every host is stopped before ``run`` returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shlex
+import signal
+import socket
+import sys
+import time
+from typing import Dict, List, Optional
+
+from mxlbbsp import _env
+from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+
+from . import ssh
+from .config import ConfigError, LaunchConfig
+from .hostfile import LOCAL, Host, Placement, parse_hostfile, place
+from .procs import Output, RoleProcess, local_transport, stop_all
+
+EXIT_CONFIG = 2
+EXIT_STALL = 124
+#: variables forwarded to remote hosts (besides every --env)
+FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
+FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
+
+
+class JobFailed(RuntimeError):
+    """The job could not start (not bad input): exit code 1, one line."""
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Job:
+    def __init__(self, config: LaunchConfig, output: Optional[Output] = None):
+        self.config = config
+        self.output = output or Output(config.log_dir)
+        self.remote = config.hostfile is not None
+        if self.remote:
+            self.hosts = parse_hostfile(config.hostfile)
+            n = config.num_workers or sum(h.slots for h in self.hosts)
+        else:
+            n = config.num_workers
+            self.hosts = [dataclasses.replace(LOCAL, slots=n)]
+        config.num_workers = n
+        config.resolve_slowdown(n)
+        self.placement: Placement = place(self.hosts, n, config.num_servers)
+        self.token = secrets.token_hex(16)
+        self.bind = config.bind or ("127.0.0.1" if not self.remote else None)
+        self.procs: List[RoleProcess] = []
+        self.scheduler: Optional[RoleProcess] = None
+        self.servers: List[RoleProcess] = []
+        self.workers: List[RoleProcess] = []
+        self.coordinator: Optional[Coordinator] = None
+        self._signal: Optional[int] = None
+        self._ssh = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)
+
+    # ---- the environment of each role --------------------------------------------------
+
+    def _python(self, host: Host) -> str:
+        return (self.config.remote_python or sys.executable) if self.remote else sys.executable
+
+    def _base_env(self, host: Host, procs_on_host: int) -> Dict[str, str]:
+        env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+        if self.remote:
+            for key, value in os.environ.items():
+                if key in FORWARD or key.startswith(FORWARD_PREFIXES):
+                    env[key] = value
+        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
+            # like torchrun: don't let n processes each take every core
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(procs_on_host, 1)))
+        return env
+
+    def _node_host(self, host: Host) -> Optional[str]:
+        return host.address if self.remote else "127.0.0.1"
+
+    def _transport(self, host: Host) -> List[str]:
+        if not self.remote:
+            return local_transport()
+        return ssh.command(host, self._ssh, [self._python(host), "-m", "mxlbbsp.launcher.guard"])
+
+    def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
+              env: Dict[str, str], transport: Optional[List[str]] = None) -> RoleProcess:
+        env = dict(env)
+        env.update(self.config.env)       # --env has the last word
+        proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
+                           transport or self._transport(host), self.output,
+                           show_host=self.remote)
+        self.procs.append(proc)
+        return proc
+
+    def _ps_env(self, role: str, host: Host, port: int, per_host: int) -> Dict[str, str]:
+        env = self._base_env(host, per_host)
+        env.update(_env.ps_env(role, self.bind, port, self.config.num_servers,
+                               self.config.num_workers, self._node_host(host)))
+        return env
+
+    def _build(self, scheduler_port: int, coordinator_addr) -> None:
+        """Create (not start) every role's process."""
+        cfg = self.config
+        self.procs = []
+        per_host: Dict[str, int] = {}
+        for h in self.placement.workers:
+            per_host[h.name] = per_host.get(h.name, 0) + 1
+        here = Host(self.bind) if self.remote else LOCAL
+        env = self._ps_env("scheduler", here, scheduler_port, 1)
+        env["OMP_NUM_THREADS"] = "1"
+        self.scheduler = self._role("scheduler", None, here,
+                                    [sys.executable, "-m", "mxlbbsp.server"], env,
+                                    transport=local_transport())
+        self.servers = []
+        for r, host in enumerate(self.placement.servers):
+            env = self._ps_env("server", host, scheduler_port, 1)
+            env["OMP_NUM_THREADS"] = "1"
+            self.servers.append(self._role("server", r, host,
+                                           [self._python(host), "-m", "mxlbbsp.server"], env))
+        self.workers = []
+        for r, host in enumerate(self.placement.workers):
+            env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
+            env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
+                                       cfg.slowdown[r].encode() if cfg.emulate_slowdown else None))
+            self.workers.append(self._role("worker", r, host, list(cfg.command), env))
+
+    # ---- dry run --------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The placement and the commands, as --dry-run prints them (token hidden)."""
+        self._resolve_bind()
+        self._build(0, (self.bind, 0))
+        lines = [f"job: {self.config.num_workers} worker(s), {self.config.num_servers} "
+                 f"server(s), sync={self.config.sync}, scheduler and coordinator on "
+                 f"{self.bind}"]
+        lines.append(f"{'ROLE':<10} {'RANK':<5} {'HOST':<20} COMMAND")
+        for p in [self.scheduler] + self.servers + self.workers:
+            shown = {k: ("<secret>" if k == _env.TOKEN else v) for k, v in sorted(p.env.items())
+                     if k.startswith(("DMLC_", "MXLBBSP_"))}
+            env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+            where = "local" if p is self.scheduler else p.host
+            rank = "-" if p.rank is None else str(p.rank)
+            lines.append(f"{p.role:<10} {rank:<5} {where:<20} {shlex.join(p.argv)}")
+            lines.append(f"{'':<10} {'':<5} {'':<20}   env: {env_text}")
+            if self.remote and p is not self.scheduler:
+                lines.append(f"{'':<10} {'':<5} {'':<20}   via: {shlex.join(p.transport)}")
+        self.procs = []
+        return "\n".join(lines)
+
+    # ---- run ------------------------------------------------------------------------------
+
+    def _resolve_bind(self) -> None:
+        if self.bind is None:
+            remote = [h for h in self.hosts]
+            self.bind = ssh.local_address_towards(remote[0])
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._signal is not None:       # a second Ctrl-C: stop waiting politely
+            for p in self.procs:
+                p.kill()
+        self._signal = signum
+
+    def run(self) -> int:
+        cfg = self.config
+        if not self.remote:
+            cfg.check_command_locally()
+        if cfg.dry_run:
+            print(self.describe())
+            return 0
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if self.remote:
+                unreachable = ssh.preflight(self.hosts, self._ssh, self._python(self.hosts[0]))
+                if unreachable:
+                    raise JobFailed("cannot reach " + "; ".join(unreachable) +
+                                    " (pre-flight `ssh HOST true` failed; nothing was started)")
+                self._resolve_bind()
+            return self._run()
+        finally:
+            self._teardown()
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _run(self) -> int:
+        cfg = self.config
+        self.coordinator = Coordinator(CoordinatorConfig(
+            num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
+            predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
+            max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind))
+        try:
+            coord_addr = self.coordinator.start()
+        except OSError as exc:
+            raise ConfigError(f"--bind {self.bind}: cannot listen there ({exc.strerror})") from None
+        port = self._start_scheduler(coord_addr)
+        if port is None:
+            return self._interrupted() if self._signal else 1
+        for p in self.servers + self.workers:
+            p.start()
+        self.output.say(f"started {len(self.workers)} worker(s) and {len(self.servers)} "
+                        f"server(s); sync={cfg.sync}, predictor={cfg.predictor}; scheduler "
+                        f"{self.bind}:{port}, coordinator {coord_addr[0]}:{coord_addr[1]}")
+        return self._supervise()
+
+    def _start_scheduler(self, coord_addr) -> Optional[int]:
+        """Start the scheduler on a free port; a port taken meanwhile means another try."""
+        for _ in range(5):
+            port = free_port(self.bind)
+            self._build(port, coord_addr)
+            self.scheduler.start()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self._signal is None:
+                if self.scheduler.poll() is not None:
+                    break
+                if _listening(self.bind, port):
+                    return port
+                time.sleep(0.05)
+            if self._signal is not None:
+                return None
+            self.scheduler.stop()
+            self.scheduler.wait(5)
+            self.scheduler.finish_output()
+        self.output.say("error: the ps-lite scheduler did not start (see its output above)")
+        return None
+
+    def _interrupted(self) -> int:
+        name = signal.Signals(self._signal).name
+        self.output.say(f"{name}: stopping all {len(self.procs)} processes of the job")
+        return 128 + self._signal
+
+    def _supervise(self) -> int:
+        cfg, coord = self.config, self.coordinator
+        started = time.monotonic()
+        next_progress = started + cfg.progress if cfg.progress else float("inf")
+        while True:
+            if self._signal is not None:
+                return self._interrupted()
+            if coord.failure is not None and coord.failure_kind == "config":
+                self.output.say(f"error: {coord.failure}")
+                return EXIT_CONFIG
+            failed = self._first_failure()
+            if failed is not None:
+                return failed
+            if all(w.poll() == 0 for w in self.workers):
+                return self._finish(started)
+            if coord.failure is not None and time.monotonic() > coord.failed_at + 2.0:
+                # e.g. a worker's connection dropped but its process (ssh) has not ended yet
+                self.output.say(f"error: {coord.failure}")
+                return 1
+            now = time.monotonic()
+            if cfg.stall_timeout:
+                progress = coord.progress()
+                last = max(progress.last_change, started)
+                if now - last > cfg.stall_timeout:
+                    self.output.say(
+                        f"error: no iteration finished for {cfg.stall_timeout:g} s (last finished: "
+                        f"{progress.iteration}); a process may hang, e.g. a dead parameter "
+                        "server; stopping the job (raise --stall-timeout if this is expected)")
+                    return EXIT_STALL
+            if now >= next_progress:
+                self._print_progress(now - started)
+                next_progress = now + cfg.progress
+            time.sleep(0.1)
+
+    def _first_failure(self) -> Optional[int]:
+        for p in self.workers + self.servers + [self.scheduler]:
+            rc = p.poll()
+            if rc is None or rc == 0:
+                continue
+            if p.role != "worker" and rc == 0:
+                continue
+            where = f" on {p.host}" if self.remote else ""
+            if self.remote and rc == 255:
+                what = f"lost its SSH connection{where} (ssh exit 255)"
+            else:
+                what = f"exited with code {rc}{where}"
+            name = p.role if p.rank is None else f"{p.role} {p.rank}"
+            others = len([q for q in self.procs if q is not p and q.poll() is None])
+            self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
+                            f"(its output is above{', and in ' + self.config.log_dir if self.config.log_dir else ''})")
+            return rc
+        return None
+
+    def _finish(self, started: float) -> int:
+        for p in self.servers + [self.scheduler]:
+            p.wait(10.0)
+        elapsed = time.monotonic() - started
+        summary = self.coordinator.summary()
+        if summary:
+            self.output.say(
+                f"done in {elapsed:.1f} s: {summary['iterations']} iterations, "
+                f"{summary['samples_per_s']:.1f} samples/s, workers waited "
+                f"{100 * summary['wait_share']:.1f}% of the time"
+                + (f"; metrics in {self.config.metrics}" if self.config.metrics else ""))
+        else:
+            self.output.say(f"done in {elapsed:.1f} s")
+        return 0
+
+    def _print_progress(self, elapsed: float) -> None:
+        p = self.coordinator.progress()
+        if p.iteration < 0:
+            self.output.say(f"{elapsed:.0f} s: waiting for the first iteration "
+                            f"({self.coordinator.registered}/{self.config.num_workers} workers "
+                            "registered)")
+            return
+        sizes = ",".join(map(str, p.sizes)) if len(p.sizes) <= 16 else f"{len(p.sizes)} workers"
+        self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, {p.samples_per_s:.1f} "
+                        f"samples/s, batch sizes {sizes}")
+
+    def _teardown(self) -> None:
+        procs = [p for p in self.procs if p.proc is not None]
+        if procs:
+            stop_all(procs, grace=3.0)
+        if self.coordinator is not None:
+            self.coordinator.stop()

@@ -1,0 +1,46 @@
+"""mxlbbsp: load-balanced synchronous training (LB-BSP) for Apache MXNet.
+
+A worker script needs two names::
+
+    loader  = mxlbbsp.DataLoader(dataset, global_batch_size=512, shuffle=True, seed=0)
+    trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+
+and is started with ``mxlbbsp launch -n 4 -- python train.py``. Without the launcher the same
+script runs as one process training on the whole global batch.
+
+``import mxlbbsp`` does not import MXNet: the two names above are loaded on first use, so the
+launcher, the coordinator and the predictors stay free of the framework (and importing this
+package in a process whose DMLC_ROLE is server never starts a parameter server by accident).
+"""
+__version__ = "0.1.0"
+
+__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "__version__"]
+
+
+
+def rank() -> int:
+    """This worker's rank in the job (0 in a single process)."""
+    from . import _env
+    return _env.rank()
+
+
+def num_workers() -> int:
+    """The number of workers of the job (1 in a single process)."""
+    from . import _env
+    return _env.num_workers() if _env.coordinator() is not None else 1
+
+
+_LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mxlbbsp' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

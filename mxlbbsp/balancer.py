@@ -1,0 +1,235 @@
+"""Split a global batch among workers so that they finish together.
+
+Pure numpy; no MXNet. The coordinator calls :meth:`Balancer.allocate` once per iteration.
+
+Time model of worker i (a :class:`TimeModel`, vectorised over workers)::
+
+    t_i(b) = intercept_i + b / speed_i            # seconds for a local batch of b samples
+
+``intercept = 0`` is the linear model of the LB-BSP paper on CPUs (b_i proportional to
+speed_i); a positive intercept is the fixed per-iteration cost that makes small batches
+inefficient (GPUs, Python overhead), and the solver then equalises finish times rather than
+batch-to-speed ratios.
+
+The allocation solves, over integers::
+
+    minimise  max_i t_i(b_i)   subject to   sum_i b_i = B,   lo_i <= b_i <= hi_i
+
+exactly: the continuous optimum T* (found in O(n log n) from the breakpoints of the piecewise
+linear capacity function) is rounded down, and the remaining (< n) samples go one at a time to
+the worker that would finish earliest with one more. Because every t_i is increasing and the
+rounded-down point lies below some integer optimum, this greedy completion is optimal.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+
+
+class TimeModel(NamedTuple):
+    """t_i(b) = intercept_i + b / speed_i, one entry per worker."""
+
+    speed: np.ndarray       # samples per second (marginal), > 0
+    intercept: np.ndarray   # seconds, >= 0
+
+    @classmethod
+    def linear(cls, speed) -> "TimeModel":
+        speed = np.asarray(speed, dtype=float)
+        return cls(speed, np.zeros_like(speed))
+
+    def time(self, batch) -> np.ndarray:
+        """Predicted time of each worker for its batch size."""
+        return self.intercept + np.asarray(batch, dtype=float) / self.speed
+
+
+def makespan(model: TimeModel, batch) -> float:
+    """Predicted time of the iteration: the slowest worker's."""
+    return float(np.max(model.time(batch)))
+
+
+class AllocationError(ValueError):
+    """The global batch cannot be split within the bounds."""
+
+
+def _bounds(n: int, total: int, lower, upper):
+    lo = np.broadcast_to(np.asarray(1 if lower is None else lower, dtype=np.int64), (n,)).copy()
+    hi = np.broadcast_to(np.asarray(total if upper is None else upper, dtype=np.int64), (n,))
+    hi = np.minimum(hi, total)
+    if np.any(lo < 0) or np.any(hi < lo):
+        raise AllocationError(f"invalid bounds: lower={lo.tolist()} upper={hi.tolist()}")
+    if lo.sum() > total:
+        raise AllocationError(f"global batch {total} is smaller than the sum of the minimum "
+                              f"local batches ({int(lo.sum())})")
+    if hi.sum() < total:
+        raise AllocationError(f"global batch {total} exceeds the sum of the maximum local "
+                              f"batches ({int(hi.sum())})")
+    return lo, hi
+
+
+def _continuous_makespan(model: TimeModel, total: float, lo, hi) -> float:
+    """The T with sum_i clip((T - a_i) * v_i, lo_i, hi_i) == total."""
+    v, a = model.speed, model.intercept
+    t_lo = a + lo / v                       # below: worker i holds lo_i
+    t_hi = a + hi / v                       # above: worker i holds hi_i
+    points = np.concatenate([t_lo, t_hi])
+    slope_change = np.concatenate([v, -v])
+    order = np.argsort(points, kind="stable")
+    points, slope_change = points[order], slope_change[order]
+    slope = np.cumsum(slope_change)         # slope of the capacity right after each point
+    capacity = lo.sum() + np.concatenate([[0.0], np.cumsum(slope[:-1] * np.diff(points))])
+    k = int(np.searchsorted(capacity, total, side="right")) - 1
+    k = min(max(k, 0), len(points) - 1)
+    if slope[k] <= 0:
+        return float(points[k])
+    return float(points[k] + (total - capacity[k]) / slope[k])
+
+
+def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
+    """The integer split of ``total`` samples with the smallest makespan (see module doc).
+
+    ``lower``/``upper`` are per-worker bounds (scalars broadcast); ``upper=None`` means no cap.
+    Ties go to the lower rank, so the result is deterministic.
+    """
+    v = np.asarray(model.speed, dtype=float)
+    n = v.shape[0]
+    if n == 0:
+        raise AllocationError("no workers")
+    if not np.all(np.isfinite(v)) or np.any(v <= 0):
+        raise AllocationError(f"speeds must be finite and positive, got {v.tolist()}")
+    a = np.maximum(np.asarray(model.intercept, dtype=float), 0.0)
+    model = TimeModel(v, a)
+    total = int(total)
+    lo, hi = _bounds(n, total, lower, upper)
+    t_star = _continuous_makespan(model, total, lo, hi)
+    share = np.clip((t_star - a) * v, lo, hi)
+    batch = np.clip(np.floor(share + 1e-9).astype(np.int64), lo, hi)
+    remaining = total - int(batch.sum())
+    if remaining > 0:
+        heap = [(model.intercept[i] + (batch[i] + 1) / v[i], i) for i in range(n) if batch[i] < hi[i]]
+        heapq.heapify(heap)
+        for _ in range(remaining):
+            _, i = heapq.heappop(heap)
+            batch[i] += 1
+            if batch[i] < hi[i]:
+                heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], i))
+    elif remaining < 0:  # only from rounding at the 1e-9 guard; take back from the latest
+        heap = [(-(a[i] + batch[i] / v[i]), i) for i in range(n) if batch[i] > lo[i]]
+        heapq.heapify(heap)
+        for _ in range(-remaining):
+            _, i = heapq.heappop(heap)
+            batch[i] -= 1
+            if batch[i] > lo[i]:
+                heapq.heappush(heap, (-(a[i] + batch[i] / v[i]), i))
+    return batch
+
+
+def equal_split(total: int, n: int) -> np.ndarray:
+    """BSP's split: total // n each, the remainder one each to the lowest ranks."""
+    if n <= 0 or total < n:
+        raise AllocationError(f"cannot split a global batch of {total} among {n} workers "
+                              "with at least one sample each")
+    base, extra = divmod(int(total), int(n))
+    return np.array([base + (1 if i < extra else 0) for i in range(n)], dtype=np.int64)
+
+
+def rescale(sizes: Sequence[int], total: int) -> np.ndarray:
+    """Scale an allocation to another global batch size, keeping its proportions.
+
+    Used for a short last batch of an epoch. Deterministic, so every worker computes the same.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if int(sizes.sum()) == total:
+        return sizes
+    return allocate(TimeModel.linear(np.maximum(sizes, 1).astype(float)), total, lower=1)
+
+
+class Balancer:
+    """Per-iteration allocation with semi-dynamic hysteresis.
+
+    ``threshold``: keep the current allocation unless the new one is predicted to shorten the
+    iteration by at least this fraction (the semi-dynamic rule; stops batch sizes jittering
+    with prediction noise). ``min_batch`` >= 1: a worker with no samples would never push its
+    gradient and the dist_sync servers would wait forever. ``max_batch``: per-worker caps
+    (memory), scalar or sequence; None for none.
+    """
+
+    def __init__(self, threshold: float = 0.03, min_batch: int = 1, max_batch=None):
+        if min_batch < 1:
+            raise ValueError("min_batch must be >= 1")
+        if not 0 <= threshold < 1:
+            raise ValueError("threshold must be in [0, 1)")
+        self.threshold = float(threshold)
+        self.min_batch = int(min_batch)
+        self.max_batch = max_batch
+
+    def allocate(self, model: TimeModel, total: int,
+                 current: Optional[Sequence[int]] = None) -> np.ndarray:
+        """The next allocation, or ``current`` when the gain is below the threshold."""
+        new = allocate(model, total, self.min_batch, self.max_batch)
+        if current is None:
+            return new
+        current = np.asarray(current, dtype=np.int64)
+        if current.shape != new.shape or int(current.sum()) != total:
+            return new
+        if np.any(current < self.min_batch) or (
+                self.max_batch is not None and np.any(current > np.asarray(self.max_batch))):
+            return new
+        old_t, new_t = makespan(model, current), makespan(model, new)
+        if old_t <= 0 or (old_t - new_t) / old_t < self.threshold:
+            return current
+        return new
+
+
+class AffineFit:
+    """Per-worker fit of the fixed cost ``intercept_i`` in t_i(b) = intercept_i + b / v_i.
+
+    Keeps the last ``window`` (batch, time) observations of each worker and fits a line by
+    least squares. The intercept is only identifiable when the batch sizes in the window
+    differ; until they do (and whenever the fit is implausible), the last good estimate is
+    kept, starting from 0, i.e. the linear model. The estimate is clamped to
+    [0, ``max_share`` * the smallest observed time] so it can never explain away the whole
+    iteration.
+    """
+
+    def __init__(self, num_workers: int, window: int = 32, max_share: float = 0.8,
+                 min_spread: float = 0.1):
+        self.window = window
+        self.max_share = max_share
+        self.min_spread = min_spread
+        self._b = np.full((num_workers, window), np.nan)
+        self._t = np.full((num_workers, window), np.nan)
+        self._next = 0
+        self.intercept = np.zeros(num_workers)
+
+    def observe(self, batch, seconds) -> None:
+        col = self._next % self.window
+        self._b[:, col] = batch
+        self._t[:, col] = seconds
+        self._next += 1
+        b, t = self._b, self._t
+        valid = np.isfinite(b) & np.isfinite(t) & (t > 0)
+        count = valid.sum(axis=1)
+        bz = np.where(valid, b, 0.0)
+        tz = np.where(valid, t, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mb = bz.sum(axis=1) / count
+            mt = tz.sum(axis=1) / count
+            db = np.where(valid, b - mb[:, None], 0.0)
+            dt = np.where(valid, t - mt[:, None], 0.0)
+            sbb = (db * db).sum(axis=1)
+            slope = (db * dt).sum(axis=1) / sbb
+            intercept = mt - slope * mb
+            spread = np.sqrt(sbb / count) / mb
+        tmin = np.where(valid, t, np.inf).min(axis=1)
+        ok = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept) & (slope > 0)
+        self.intercept = np.where(ok, np.clip(intercept, 0.0, self.max_share * tmin),
+                                  self.intercept)
+
+    def model(self, batch, predicted_time) -> TimeModel:
+        """The time model through the predicted point (batch_i, predicted_time_i)."""
+        batch = np.asarray(batch, dtype=float)
+        predicted_time = np.asarray(predicted_time, dtype=float)
+        a = np.minimum(self.intercept, self.max_share * predicted_time)
+        return TimeModel(batch / (predicted_time - a), a)

@@ -1,0 +1,436 @@
+"""The coordinator: collects per-iteration reports, predicts speeds, splits the next batch.
+
+It runs on the launch node, inside ``mxlbbsp launch`` (a thread with its own asyncio loop),
+and speaks :mod:`mxlbbsp.protocol` with the workers. Per iteration t, once all n reports of t
+are in:
+
+1. every worker's observed speed (samples/s of its compute phase) and its host's CPU and
+   memory load go to the predictor, which forecasts each worker's speed at t+1;
+2. (``lbbsp``) the balancer splits the next global batch so that all workers are predicted
+   to finish together, keeping the current split when the gain is below the threshold, and
+   the allocation is sent to every worker;
+3. when a worker's ``done`` for t arrives (after its push/pull), one metrics record is written.
+
+In ``bsp`` and ``asp`` the workers split the batch equally by themselves and never wait for the
+coordinator; it still predicts, so that predictors can be compared on any run.
+
+No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import threading
+import time
+from typing import Dict, List, Optional, TextIO
+
+import numpy as np
+
+from . import balancer as _bal
+from . import predictors as _pred
+from . import protocol as P
+
+log = logging.getLogger(__name__)
+
+TIME_MODELS = ("linear", "affine")
+
+
+@dataclasses.dataclass
+class CoordinatorConfig:
+    """What the coordinator needs to know about the job."""
+
+    num_workers: int
+    token: str
+    sync: str = "lbbsp"
+    predictor: str = "ema"
+    time_model: str = "linear"
+    threshold: float = 0.03
+    max_batch: Optional[int] = None       # per-worker cap from the command line
+    metrics_path: Optional[str] = None
+    warmup: int = 1                       # first iterations (graph building) not learnt from
+    host: str = "127.0.0.1"               # address to listen on
+    port: int = 0                         # 0: any free port
+
+    def __post_init__(self):
+        if self.num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        if self.time_model not in TIME_MODELS:
+            raise ValueError(f"time_model must be one of {TIME_MODELS}")
+        if self.predictor not in _pred.available():
+            raise ValueError(f"unknown predictor {self.predictor!r}; choose from "
+                             f"{', '.join(_pred.available())}")
+
+
+@dataclasses.dataclass
+class Progress:
+    """A snapshot for progress lines and the stall timeout."""
+
+    iteration: int            # last iteration every worker has finished (-1: none yet)
+    samples: int              # samples trained so far (sum of global batches)
+    last_change: float        # monotonic time the iteration last advanced
+    samples_per_s: float      # over the recent iterations
+    sizes: List[int]          # the latest allocation
+
+
+class Coordinator:
+    """The coordination service of one job. ``start()`` it, hand its address to the workers."""
+
+    def __init__(self, config: CoordinatorConfig):
+        self.config = config
+        n = config.num_workers
+        self.failure: Optional[str] = None           # fatal problem; the job must stop
+        self.failure_kind: Optional[str] = None      # "config" (bad input) or "runtime"
+        self.failed_at: float = 0.0
+        self.finished = threading.Event()            # every worker said bye
+        self.address = None
+        self._predictor = _pred.create(config.predictor, n)
+        self._fit = _bal.AffineFit(n)
+        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
+        self._writers: Dict[int, asyncio.StreamWriter] = {}
+        self._hellos: Dict[int, dict] = {}
+        self._byes: set = set()
+        self._reports: Dict[int, Dict[int, dict]] = {}
+        self._records: Dict[tuple, dict] = {}
+        self._predicted: Dict[int, np.ndarray] = {}
+        self._sizes: Optional[np.ndarray] = None
+        self._done_count: Dict[int, int] = {}
+        self._iteration = -1
+        self._samples = 0
+        self._recent: List[tuple] = []               # (monotonic time, samples) per iteration
+        self._last_change = time.monotonic()
+        self._metrics: Optional[TextIO] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._server = None
+        self._thread: Optional[threading.Thread] = None
+        self.alloc_latency: List[float] = []         # seconds from last report to broadcast
+        # per rank: records, samples, compute seconds, wait seconds, iteration seconds
+        self._totals = np.zeros((n, 5))
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> tuple:
+        """Listen and serve in a background thread; returns the (host, port) bound."""
+        ready = threading.Event()
+        errors: list = []
+
+        def run():
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                self._server = loop.run_until_complete(asyncio.start_server(
+                    self._serve, self.config.host, self.config.port, limit=P.MAX_LINE,
+                    backlog=4096))
+                self.address = self._server.sockets[0].getsockname()[:2]
+            except OSError as exc:
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="mxlbbsp-coordinator", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            raise errors[0]
+        return self.address
+
+    def stop(self) -> None:
+        """Close every connection, stop the loop and flush the metrics."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            async def shutdown():
+                self._server.close()
+                for w in list(self._writers.values()):
+                    w.close()
+            fut = asyncio.run_coroutine_threadsafe(shutdown(), loop)
+            try:
+                fut.result(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._metrics is not None:
+            self._flush_records(final=True)
+            self._metrics.close()
+            self._metrics = None
+
+    @property
+    def registered(self) -> int:
+        """How many workers have said hello."""
+        return len(self._hellos)
+
+    def summary(self) -> Optional[dict]:
+        """Totals over the records written so far (None before the first)."""
+        count, samples, compute, wait, it = self._totals.sum(axis=0)
+        if count == 0:
+            return None
+        iterations = int(count // self.config.num_workers)
+        seconds = self._totals[:, 4].max()   # the workers' iteration times add up alike
+        return {"iterations": iterations, "samples": int(samples),
+                "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+                "wait_share": wait / it if it > 0 else 0.0}
+
+    def progress(self) -> Progress:
+        recent = self._recent[-20:]
+        rate = 0.0
+        if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+            rate = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        sizes = [] if self._sizes is None else [int(b) for b in self._sizes]
+        return Progress(self._iteration, self._samples, self._last_change, rate, sizes)
+
+    # ---- connections ----------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        rank = None
+        try:
+            try:
+                first = P.decode(await asyncio.wait_for(reader.readline(), timeout=30))
+            except (asyncio.TimeoutError, P.ProtocolError, ValueError):
+                return
+            if first["type"] != P.HELLO or not P.token_ok(first, self.config.token):
+                log.warning("refused a connection from %s: bad hello or token",
+                            writer.get_extra_info("peername"))
+                return
+            rank = self._on_hello(first, writer)
+            if rank is None:
+                return
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                msg = P.decode(line)
+                kind = msg["type"]
+                if kind == P.REPORT:
+                    self._on_report(rank, msg)
+                elif kind == P.DONE:
+                    self._on_done(rank, msg)
+                elif kind == P.BYE:
+                    self._byes.add(rank)
+                    if len(self._byes) == self.config.num_workers:
+                        self._flush_records(final=True)
+                        self.finished.set()
+                else:
+                    raise P.ProtocolError(f"unexpected message {kind!r}")
+        except (P.ProtocolError, ValueError, KeyError, TypeError) as exc:
+            self._fail(f"worker {rank}: protocol error: {exc}")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if rank is not None and rank not in self._byes and self.failure is None \
+                    and self._writers.get(rank) is writer:
+                self._fail(f"worker {rank} lost its connection to the coordinator before it "
+                           "finished", fatal_for_workers=False)
+            writer.close()
+
+    def _send(self, rank: int, msg: dict) -> None:
+        w = self._writers.get(rank)
+        if w is not None and not w.is_closing():
+            w.write(P.encode(msg))
+
+    def _broadcast(self, msg: dict) -> None:
+        data = P.encode(msg)
+        for w in self._writers.values():
+            if not w.is_closing():
+                w.write(data)
+
+    def _fail(self, message: str, fatal_for_workers: bool = True, kind: str = "runtime") -> None:
+        if self.failure is None:
+            self.failure = message
+            self.failure_kind = kind
+            self.failed_at = time.monotonic()
+            log.debug("job failure: %s", message)
+            if fatal_for_workers:
+                self._broadcast(P.error(message))
+
+    # ---- registration ---------------------------------------------------------------------
+
+    def _on_hello(self, msg: dict, writer) -> Optional[int]:
+        n = self.config.num_workers
+        rank = msg.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < n:
+            writer.write(P.encode(P.error(f"rank {rank!r} is outside 0..{n - 1}")))
+            return None
+        if rank in self._hellos:
+            writer.write(P.encode(P.error(f"rank {rank} connected twice")))
+            return None
+        self._hellos[rank] = msg
+        self._writers[rank] = writer
+        if len(self._hellos) == n:
+            problem = self._validate()
+            if problem:
+                self._fail(problem, kind="config")
+            else:
+                B = int(self._hellos[0]["global_batch_size"])
+                self._sizes = _bal.equal_split(B, n)
+                self._broadcast(P.welcome(n, self.config.sync, self._sizes))
+        return rank
+
+    def _validate(self) -> Optional[str]:
+        """The first problem with the job's configuration as the workers declared it."""
+        n = self.config.num_workers
+        hellos = [self._hellos[r] for r in range(n)]
+        for field, what in (("global_batch_size", "global batch size"),
+                            ("dataset_size", "data set size")):
+            values = {h[field] for h in hellos}
+            if len(values) > 1:
+                detail = ", ".join(f"rank {r}: {h[field]}" for r, h in enumerate(hellos))
+                return f"the workers disagree on the {what} ({detail}); every worker must " \
+                       "build the same mxlbbsp.DataLoader"
+        B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
+        if B < n:
+            return (f"global batch size {B} is smaller than the number of workers ({n}): every "
+                    f"worker needs at least one sample per iteration; use a global batch size "
+                    f">= {n} or fewer workers (-n)")
+        if N < B:
+            return (f"the data set has {N} samples, fewer than one global batch ({B}); use a "
+                    "smaller global batch size")
+        short = hellos[0].get("min_global_batch") or B
+        if short < n:
+            return (f"the last global batch of each epoch has {short} samples, fewer than the "
+                    f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
+                    "the global batch size")
+        caps = [h.get("max_batch_size") for h in hellos]
+        if self.config.max_batch is not None:
+            caps = [self.config.max_batch if c is None else min(c, self.config.max_batch)
+                    for c in caps]
+        if all(c is not None for c in caps):
+            self._balancer.max_batch = np.array(caps, dtype=np.int64)
+            if sum(caps) < B:
+                return (f"the workers' maximum batch sizes ({', '.join(map(str, caps))}) add up "
+                        f"to less than the global batch size {B}; raise --max-batch-size or "
+                        "use more workers")
+        elif any(c is not None for c in caps):
+            self._balancer.max_batch = np.array([B if c is None else c for c in caps],
+                                                dtype=np.int64)
+        return None
+
+    # ---- iterations -----------------------------------------------------------------------
+
+    def _on_report(self, rank: int, msg: dict) -> None:
+        t = int(msg["iteration"])
+        batch = int(msg["batch_size"])
+        compute = msg.get("compute_s")
+        if batch < 1 or compute is None or not compute > 0:
+            raise P.ProtocolError(f"report of iteration {t} has batch_size={batch}, "
+                                  f"compute_s={compute}")
+        reports = self._reports.setdefault(t, {})
+        reports[rank] = msg
+        rec = self._records.setdefault((t, rank), {})
+        rec.update({
+            "iteration": t, "rank": rank, "host": self._hellos[rank].get("host"),
+            "batch_size": batch, "compute_s": compute, "speed": batch / compute,
+            "cpu_percent": msg.get("cpu_percent"), "mem_percent": msg.get("mem_percent"),
+            "slowdown": msg.get("slowdown", 1.0), "sync": self.config.sync,
+            "predictor": self.config.predictor, "time": time.time(),
+        })
+        predicted = self._predicted.get(t)
+        rec["predicted_speed"] = None if predicted is None else _num(predicted[rank])
+        if len(reports) == self.config.num_workers:
+            self._on_iteration(t, reports)
+            del self._reports[t]
+            self._predicted.pop(t, None)
+
+    def _on_iteration(self, t: int, reports: Dict[int, dict]) -> None:
+        started = time.perf_counter()
+        n = self.config.num_workers
+        batch = np.array([reports[r]["batch_size"] for r in range(n)], dtype=float)
+        compute = np.array([reports[r]["compute_s"] for r in range(n)], dtype=float)
+        exog = np.array([[_nan(reports[r].get("cpu_percent")), _nan(reports[r].get("mem_percent"))]
+                         for r in range(n)])
+        next_B = reports[0].get("next_global_batch")
+        if t < self.config.warmup:
+            # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
+            if next_B is not None and self.config.sync == "lbbsp":
+                self._sizes = _bal.rescale(self._sizes, next_B)
+                self._broadcast(P.alloc(t + 1, self._sizes))
+            return
+        affine = self.config.time_model == "affine"
+        if affine:
+            self._fit.observe(batch, compute)
+            fixed = np.minimum(self._fit.intercept, 0.8 * compute)
+        else:
+            fixed = np.zeros(n)
+        # The predictor sees the batch-invariant (marginal) speed; with the linear model it
+        # is simply batch / compute time.
+        self._predictor.observe(batch / (compute - fixed), exog)
+        marginal = self._predictor.predict()
+        bad = ~(np.isfinite(marginal) & (marginal > 0))
+        marginal = np.where(bad, batch / (compute - fixed), marginal)
+        model = _bal.TimeModel(marginal, fixed)
+
+        if next_B is None:
+            return
+        current = self._sizes
+        if current is not None and int(current.sum()) != next_B:
+            current = _bal.rescale(current, next_B)
+        if self.config.sync == "lbbsp":
+            try:
+                sizes = self._balancer.allocate(model, next_B, current)
+            except _bal.AllocationError as exc:
+                self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
+                return
+            self._broadcast(P.alloc(t + 1, sizes))
+            self.alloc_latency.append(time.perf_counter() - started)
+        else:
+            sizes = _bal.equal_split(next_B, n)
+        self._sizes = np.asarray(sizes)
+        # What the predictor expects each worker's observed speed to be at t+1.
+        self._predicted[t + 1] = self._sizes / model.time(self._sizes)
+
+    def _on_done(self, rank: int, msg: dict) -> None:
+        t = int(msg["iteration"])
+        rec = self._records.setdefault((t, rank), {})
+        rec.update({"wait_s": msg.get("wait_s"), "sync_s": msg.get("sync_s"),
+                    "iteration_s": msg.get("iteration_s")})
+        count = self._done_count.get(t, 0) + 1
+        if count == self.config.num_workers:
+            self._done_count.pop(t, None)
+            if t > self._iteration:
+                self._iteration = t
+                self._samples += sum(int(self._records.get((t, r), {}).get("batch_size", 0))
+                                     for r in range(self.config.num_workers))
+                now = time.monotonic()
+                self._last_change = now
+                self._recent.append((now, self._samples))
+                del self._recent[:-50]
+            self._flush_records()
+        else:
+            self._done_count[t] = count
+
+    def _flush_records(self, final: bool = False) -> None:
+        """Write every complete record (all of them at the end) in (iteration, rank) order."""
+        ready = sorted(k for k, r in self._records.items()
+                       if final or ("wait_s" in r and "speed" in r))
+        for key in ready:
+            rec = self._records.pop(key)
+            if "speed" not in rec:
+                continue
+            rec.setdefault("wait_s", None)
+            rec["fallbacks"] = int(self._predictor.fallbacks[rec["rank"]])
+            if rec.get("wait_s") is not None and rec.get("iteration_s") is not None:
+                self._totals[rec["rank"]] += (1, rec["batch_size"], rec["compute_s"],
+                                              rec["wait_s"], rec["iteration_s"])
+            if self.config.metrics_path:
+                if self._metrics is None:
+                    # Opened at the first record, so that a job rejected at registration
+                    # leaves an earlier metrics file untouched.
+                    self._metrics = open(self.config.metrics_path, "w", buffering=1)
+                self._metrics.write(json.dumps(rec, allow_nan=False) + "\n")
+
+
+def _nan(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _num(x) -> Optional[float]:
+    x = float(x)
+    return x if math.isfinite(x) else None

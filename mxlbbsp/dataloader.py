@@ -1,0 +1,178 @@
+"""A Gluon DataLoader whose batch size changes from iteration to iteration.
+
+The slicing rule (docs/ARCHITECTURE.md): epoch e shuffles the data set with a permutation that
+depends only on (seed, e); the permutation is cut into consecutive global batches of
+``global_batch_size`` samples; at iteration t worker i takes the slice of global batch t that
+starts at b_0(t) + ... + b_{i-1}(t) and has b_i(t) samples. So every sample is used exactly once
+per epoch across the cluster, every worker runs the same number of iterations, and the union of
+the workers' batches at iteration t is exactly what one process takes at iteration t.
+
+With ``num_workers > 0`` samples are loaded by Gluon's worker pool. Prefetching follows the
+allocation: the next batch is submitted to the pool the moment its size is known (at once in
+``bsp``/``asp`` and in a single process; in ``lbbsp`` when the coordinator's answer arrives,
+which happens while this iteration's gradients are being pushed and pulled).
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Optional
+
+import numpy as np
+from mxnet import gluon
+from mxnet.gluon.data import dataloader as _gdl
+
+from . import balancer as _bal
+from . import session as _session
+
+LAST_BATCH = ("keep", "discard")
+
+
+class DataLoader:
+    """Loads a data set in global batches split among the workers of the job.
+
+    Parameters
+    ----------
+    dataset : gluon.data.Dataset (anything with ``__len__`` and ``__getitem__``)
+    global_batch_size : int
+        B, the number of samples per iteration summed over all workers.
+    shuffle : bool
+        Shuffle every epoch with a permutation seeded by (``seed``, epoch), identical on every
+        worker.
+    seed : int
+    last_batch : 'keep' | 'discard'
+        What to do with the last, short global batch of an epoch.
+    batchify_fn, num_workers, thread_pool, timeout :
+        As in ``gluon.data.DataLoader``.
+    max_batch_size : int, optional
+        The most samples this worker can take in one iteration (e.g. its memory limit).
+
+    Outside a job started by ``mxlbbsp launch``, every batch is the whole global batch.
+    """
+
+    def __init__(self, dataset, global_batch_size: int, shuffle: bool = False, seed: int = 0,
+                 last_batch: str = "keep", batchify_fn=None, num_workers: int = 0,
+                 thread_pool: bool = False, timeout: float = 120,
+                 max_batch_size: Optional[int] = None):
+        if not isinstance(global_batch_size, (int, np.integer)) or global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be a positive integer, got "
+                             f"{global_batch_size!r}")
+        if last_batch not in LAST_BATCH:
+            raise ValueError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self._dataset = dataset
+        self._size = len(dataset)
+        if self._size == 0:
+            raise ValueError("the data set is empty")
+        self.global_batch_size = int(global_batch_size)
+        self._shuffle = shuffle
+        self._seed = int(seed)
+        self._last_batch = last_batch
+        self._max_batch = max_batch_size
+        self._timeout = timeout
+        self._epoch = 0
+        self._pool = None
+        self._thread_pool = thread_pool
+        if num_workers > 0:
+            # Gluon builds the worker pool (shared-memory batches, SIGINT handling); we only
+            # borrow it and decide ourselves what to load when.
+            self._gluon = gluon.data.DataLoader(dataset, batch_size=1, num_workers=num_workers,
+                                                thread_pool=thread_pool, batchify_fn=batchify_fn,
+                                                timeout=timeout, prefetch=0)
+            self._pool = self._gluon._worker_pool
+            self._batchify = self._gluon._batchify_fn
+        else:
+            self._batchify = batchify_fn or _gdl.default_batchify_fn
+        self._lock = threading.Lock()
+        self._pending = {}          # iteration -> async result
+        self._expect = None         # (iteration, indices-getter) of the next batch to prefetch
+        self._listening = False
+
+    # ---- the epoch plan -----------------------------------------------------------------
+
+    def _global_batches(self):
+        """(start, size) of each global batch of an epoch."""
+        B, N = self.global_batch_size, self._size
+        full, rest = divmod(N, B)
+        batches = [(k * B, B) for k in range(full)]
+        if rest and (self._last_batch == "keep" or full == 0):
+            batches.append((full * B, rest))
+        return batches
+
+    def __len__(self) -> int:
+        return len(self._global_batches())
+
+    @property
+    def _min_global_batch(self) -> int:
+        return min(size for _, size in self._global_batches())
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if not self._shuffle:
+            return np.arange(self._size)
+        return np.random.default_rng([self._seed, epoch]).permutation(self._size)
+
+    # ---- iteration ----------------------------------------------------------------------
+
+    def __iter__(self):
+        sess = _session.open_session(self.global_batch_size, self._size,
+                                     self._min_global_batch, self._max_batch)
+        if self._pool is not None and not self._listening:
+            sess.on_allocation(self._on_allocation)
+            self._listening = True
+        order = self._order(self._epoch)
+        batches = self._global_batches()
+        first_next_epoch = min(self.global_batch_size, self._size)
+        self._epoch += 1
+        for k, (start, size) in enumerate(batches):
+            nxt = batches[k + 1][1] if k + 1 < len(batches) else first_next_epoch
+            sess.next_global_batch = lambda nxt=nxt: nxt
+            t, offset, local = sess.next_iteration(size)
+            indices = order[start + offset:start + offset + local]
+            if self._pool is None:
+                yield self._batchify([self._dataset[int(i)] for i in indices])
+                continue
+            if k + 1 < len(batches):
+                self._arm(sess, t + 1, order, batches[k + 1])
+            yield self._collect(t, indices)
+        with self._lock:
+            self._expect = None
+
+    def _arm(self, sess, t_next: int, order, batch) -> None:
+        """Prefetch global batch ``batch`` at ``t_next`` as soon as its split is known."""
+        start, size = batch
+
+        def indices(sizes):
+            offset = int(sizes[: sess.rank].sum())
+            return order[start + offset:start + offset + int(sizes[sess.rank])]
+
+        with self._lock:
+            self._expect = (t_next, size, indices)
+        sizes = sess.sizes(t_next, size, block=False)
+        if sizes is not None:
+            self._on_allocation(t_next, sizes)
+
+    def _on_allocation(self, t: int, sizes) -> None:
+        with self._lock:
+            if self._expect is None or self._expect[0] != t or t in self._pending:
+                return
+            _, size, indices = self._expect
+            self._expect = None
+            if int(np.sum(sizes)) != size:
+                sizes = _bal.rescale(sizes, size)
+            self._pending[t] = self._submit(indices(sizes))
+
+    def _submit(self, indices):
+        samples = [int(i) for i in indices]
+        if self._thread_pool:
+            return self._pool.apply_async(_gdl._thread_worker_fn,
+                                          (samples, self._batchify, self._dataset))
+        return self._pool.apply_async(_gdl._worker_fn, (samples, self._batchify, None))
+
+    def _collect(self, t: int, indices):
+        with self._lock:
+            pending = self._pending.pop(t, None)
+            if pending is None:
+                pending = self._submit(indices)
+        result = pending.get(self._timeout)
+        return result if self._thread_pool else pickle.loads(result)

@@ -1,0 +1,96 @@
+"""Wire protocol between workers and the coordinator: one JSON object per line over TCP.
+
+A connection starts with the worker's ``hello``, which carries the job's secret token; the
+coordinator closes any connection whose first line is not a ``hello`` with the right token.
+
+worker -> coordinator
+    hello   {rank, token, pid, host, global_batch_size, dataset_size, max_batch_size}
+    report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
+             next_global_batch}       sent when iteration t's gradients are ready
+    done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
+    bye     {}                        the worker's training loop ended
+coordinator -> worker
+    welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
+                                              iteration 0
+    alloc   {iteration, sizes}        the batch sizes of all workers at ``iteration``
+    error   {message}                 fatal; the worker stops with this message
+
+No framework imports; stdlib only.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, Dict, Optional, Sequence
+
+MAX_LINE = 1 << 20  # bytes; longer lines are a protocol error
+
+HELLO, REPORT, DONE, BYE = "hello", "report", "done", "bye"
+WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
+
+
+class ProtocolError(ValueError):
+    """A malformed or unexpected message."""
+
+
+def encode(msg: Dict[str, Any]) -> bytes:
+    return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def decode(line: bytes) -> Dict[str, Any]:
+    if len(line) > MAX_LINE:
+        raise ProtocolError("message too long")
+    try:
+        msg = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("a message is a JSON object with a string 'type'")
+    return msg
+
+
+def token_ok(msg: Dict[str, Any], token: str) -> bool:
+    """Constant-time check of a hello's token."""
+    got = msg.get("token")
+    return isinstance(got, str) and hmac.compare_digest(got.encode(), token.encode())
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
+
+
+def hello(rank: int, token: str, pid: int, host: str, global_batch_size: int,
+          dataset_size: int, max_batch_size: Optional[int]) -> Dict[str, Any]:
+    return {"type": HELLO, "rank": rank, "token": token, "pid": pid, "host": host,
+            "global_batch_size": global_batch_size, "dataset_size": dataset_size,
+            "max_batch_size": max_batch_size}
+
+
+def report(iteration: int, batch_size: int, compute_s: float, cpu_percent: float,
+           mem_percent: float, slowdown: float, next_global_batch: Optional[int]) -> Dict[str, Any]:
+    return {"type": REPORT, "iteration": iteration, "batch_size": batch_size,
+            "compute_s": _finite(compute_s), "cpu_percent": _finite(cpu_percent),
+            "mem_percent": _finite(mem_percent), "slowdown": slowdown,
+            "next_global_batch": next_global_batch}
+
+
+def done(iteration: int, wait_s: float, sync_s: float, iteration_s: float) -> Dict[str, Any]:
+    return {"type": DONE, "iteration": iteration, "wait_s": _finite(wait_s),
+            "sync_s": _finite(sync_s), "iteration_s": _finite(iteration_s)}
+
+
+def bye() -> Dict[str, Any]:
+    return {"type": BYE}
+
+
+def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:
+    return {"type": WELCOME, "num_workers": num_workers, "sync": sync,
+            "allocation": [int(b) for b in allocation]}
+
+
+def alloc(iteration: int, sizes: Sequence[int]) -> Dict[str, Any]:
+    return {"type": ALLOC, "iteration": iteration, "sizes": [int(b) for b in sizes]}
+
+
+def error(message: str) -> Dict[str, Any]:
+    return {"type": ERROR, "message": message}

@@ -1,0 +1,25 @@
+"""``python -m mxlbbsp.server``: an MXNet parameter server or ps-lite scheduler.
+
+The launcher starts servers (DMLC_ROLE=server) and the scheduler (DMLC_ROLE=scheduler) this
+way rather than with ``python -c "import mxnet"`` so that mxlbbsp is importable in the
+server process: the optimizer that the workers send with ``kv.set_optimizer`` is unpickled
+there, and an optimizer class from an installed module (not ``__main__``) can be. Importing
+mxnet with the role set runs the server loop until the job ends, then exits.
+"""
+import sys
+
+from . import _env
+
+
+def main() -> int:
+    role = _env.role()
+    if role not in ("server", "scheduler"):
+        sys.stderr.write("mxlbbsp.server: error: DMLC_ROLE must be 'server' or 'scheduler' "
+                         f"(got {role!r}); `mxlbbsp launch` starts these processes for you\n")
+        return 2
+    import mxnet  # noqa: F401  (serves until the workers finish, then calls sys.exit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""A worker's side of a job: its rank, its batch sizes, its timing, its talk with the coordinator.
+
+One :class:`Session` per process, created by the first :class:`mxlbbsp.DataLoader` iteration
+(:func:`open_session`) and found by :class:`mxlbbsp.Trainer` (:func:`current`). Outside a
+launched job (no ``MXLBBSP_COORDINATOR``) it is a one-worker session that never talks to
+anybody: the loader gets the whole global batch.
+
+Timeline of iteration t on a worker, and what is measured::
+
+    |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|-- push/pull --|
+    |<- alloc wait ---->|<----------- compute_s (stretched by the factor) ->|<- sync_s ->|
+    wait_s = alloc wait + sync_s          iteration_s = compute_s + wait_s
+
+``compute_s`` is everything the worker does on its own (it grows with its batch);
+``wait_s`` is time spent waiting for the others. The report of t (batch, compute_s, host CPU and
+memory load) is sent as soon as the gradients are ready, so the coordinator's answer, b(t+1),
+travels while the push/pull runs.
+
+No framework import here: the caller waits for MXNet's asynchronous engine before it calls
+:meth:`Session.gradients_ready` and :meth:`Session.step_done`.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from . import _env
+from . import balancer as _bal
+from . import protocol as P
+from .slowdown import Schedule
+
+log = logging.getLogger(__name__)
+
+_session: Optional["Session"] = None
+_lock = threading.Lock()
+
+
+class JobAborted(SystemExit):
+    """The coordinator stopped the job (it names the reason, and the launcher prints it).
+
+    A ``SystemExit`` with code 2, so the worker ends quietly, with no traceback, and the one
+    line the user sees is the launcher's.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CoordinatorLost(RuntimeError):
+    """The connection to the coordinator broke (the launcher died or the network failed)."""
+
+
+def current() -> Optional["Session"]:
+    """The session of this process, if a DataLoader has opened one."""
+    return _session
+
+
+def open_session(global_batch_size: int, dataset_size: int, min_global_batch: int,
+                 max_batch_size: Optional[int] = None) -> "Session":
+    """The process's session, opening it on first use (connects to the coordinator)."""
+    global _session
+    with _lock:
+        if _session is None:
+            _session = Session(global_batch_size, dataset_size, min_global_batch, max_batch_size)
+            atexit.register(close_session)
+        elif _session.global_batch_size != global_batch_size:
+            raise ValueError(
+                f"this process already trains with a global batch size of "
+                f"{_session.global_batch_size}; a second mxlbbsp.DataLoader with "
+                f"{global_batch_size} cannot join the same job (use gluon.data.DataLoader for "
+                "evaluation)")
+        return _session
+
+
+def close_session() -> None:
+    """Say goodbye to the coordinator and forget the session (tests; also at exit)."""
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.close()
+            _session = None
+
+
+class Session:
+    """See the module docstring. Use :func:`open_session`, not the constructor."""
+
+    def __init__(self, global_batch_size: int, dataset_size: int, min_global_batch: int,
+                 max_batch_size: Optional[int] = None, env=None):
+        self.global_batch_size = int(global_batch_size)
+        self.rank = _env.rank(env)
+        self.sync = _env.sync(env)
+        self.host = _env.host(env)
+        self.slowdown = Schedule.decode(_env.slowdown(env))
+        self.iteration = -1
+        self.batch_global = 0             # global batch of the current iteration
+        self.batch_local = 0
+        self._alloc: Dict[int, np.ndarray] = {}
+        self._cond = threading.Condition()
+        self._failure: Optional[str] = None
+        self._lost = False
+        self._listeners: List[Callable[[int, np.ndarray], None]] = []
+        self._sock: Optional[socket.socket] = None
+        self._send_lock = threading.Lock()
+        self._t_end = None                # when the previous step ended
+        self._t_ready = None              # when this iteration's gradients were ready
+        self._alloc_wait = 0.0
+        self._compute = 0.0
+        self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
+        addr = _env.coordinator(env)
+        if addr is None:
+            self.num_workers = 1
+            self.rank = 0
+            self._initial = np.array([self.global_batch_size])
+            return
+        self.num_workers = _env.num_workers(env)
+        self._connect(addr, _env.token(env), dataset_size, min_global_batch, max_batch_size)
+
+    # ---- connection ---------------------------------------------------------------------
+
+    @property
+    def coordinated(self) -> bool:
+        return self._sock is not None
+
+    def _connect(self, addr, token, dataset_size, min_global_batch, max_batch_size):
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                sock = socket.create_connection(addr, timeout=10)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise CoordinatorLost(f"cannot reach the coordinator at {addr[0]}:{addr[1]}: "
+                                          f"{exc}") from None
+                time.sleep(0.2)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        _host_load()  # the first CPU reading only starts psutil's interval
+        hello = P.hello(self.rank, token, os.getpid(), self.host, self.global_batch_size,
+                        dataset_size, max_batch_size)
+        hello["min_global_batch"] = int(min_global_batch)
+        self._send(hello)
+        self._file = sock.makefile("rb")
+        welcome = self._read()
+        if welcome is None:
+            raise CoordinatorLost("the coordinator closed the connection during registration")
+        if welcome["type"] == P.ERROR:
+            raise JobAborted(welcome["message"])
+        if welcome["type"] != P.WELCOME:
+            raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
+        self.num_workers = int(welcome["num_workers"])
+        self._initial = np.asarray(welcome["allocation"], dtype=np.int64)
+        threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
+
+    def _read(self) -> Optional[dict]:
+        line = self._file.readline(P.MAX_LINE + 1)
+        return P.decode(line) if line else None
+
+    def _receive(self) -> None:
+        try:
+            while True:
+                msg = self._read()
+                if msg is None:
+                    break
+                if msg["type"] == P.ALLOC:
+                    sizes = np.asarray(msg["sizes"], dtype=np.int64)
+                    t = int(msg["iteration"])
+                    with self._cond:
+                        self._alloc[t] = sizes
+                        self._cond.notify_all()
+                    for fn in list(self._listeners):
+                        fn(t, sizes)
+                elif msg["type"] == P.ERROR:
+                    with self._cond:
+                        self._failure = msg["message"]
+                        self._cond.notify_all()
+        except (OSError, P.ProtocolError, ValueError):
+            pass
+        with self._cond:
+            self._lost = True
+            self._cond.notify_all()
+
+    def _send(self, msg: dict) -> None:
+        if self._sock is None:
+            return
+        data = P.encode(msg)
+        with self._send_lock:
+            try:
+                self._sock.sendall(data)
+            except OSError as exc:
+                raise CoordinatorLost(f"lost the connection to the coordinator: {exc}") from None
+
+    def on_allocation(self, fn: Callable[[int, np.ndarray], None]) -> None:
+        """Call ``fn(iteration, sizes)`` (on a background thread) when an allocation arrives."""
+        self._listeners.append(fn)
+
+    # ---- allocations --------------------------------------------------------------------
+
+    def sizes(self, iteration: int, global_batch: int, block: bool = True) -> Optional[np.ndarray]:
+        """Every worker's batch size at ``iteration`` for a global batch of ``global_batch``.
+
+        ``lbbsp`` waits for the coordinator from iteration 1 on; the other modes, and a
+        single process, know their split at once. With ``block=False``, None when not known.
+        """
+        if iteration == 0:
+            return _bal.rescale(self._initial, global_batch)
+        if not self.coordinated or self.sync != "lbbsp":
+            return _bal.equal_split(global_batch, self.num_workers)
+        with self._cond:
+            while iteration not in self._alloc:
+                if self._failure is not None:
+                    raise JobAborted(self._failure)
+                if self._lost:
+                    raise CoordinatorLost("lost the connection to the coordinator")
+                if not block:
+                    return None
+                self._cond.wait(1.0)
+            sizes = self._alloc[iteration]
+            for old in [k for k in self._alloc if k < iteration - 1]:
+                del self._alloc[old]
+        if int(sizes.sum()) != global_batch:
+            sizes = _bal.rescale(sizes, global_batch)
+        return sizes
+
+    def next_iteration(self, global_batch: int) -> tuple:
+        """Start the next iteration: returns (iteration, offset, local batch size).
+
+        ``offset`` is where this worker's slice starts inside the global batch.
+        """
+        t = self.iteration + 1
+        start = time.perf_counter()
+        if self._t_end is None:
+            self._t_end = start
+        sizes = self.sizes(t, global_batch)
+        self._alloc_wait = time.perf_counter() - start
+        self.iteration = t
+        self.batch_global = int(global_batch)
+        self.batch_local = int(sizes[self.rank])
+        return t, int(sizes[: self.rank].sum()), self.batch_local
+
+    # ---- measurements -------------------------------------------------------------------
+
+    def gradients_ready(self) -> None:
+        """Call once the gradients of this iteration are computed (engine synchronised)."""
+        now = time.perf_counter()
+        compute = max(now - self._t_end - self._alloc_wait, 1e-9)
+        factor = self.slowdown.factor(self.iteration)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute)
+            compute *= factor
+        self._compute = compute
+        self._t_ready = time.perf_counter()
+        if self.coordinated:
+            cpu, mem = _host_load()
+            self._send(P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
+                                self.next_global_batch()))
+
+    def step_done(self) -> None:
+        """Call once this iteration's push/pull has completed (engine synchronised)."""
+        now = time.perf_counter()
+        sync = now - (self._t_ready if self._t_ready is not None else now)
+        iteration_s = now - self._t_end
+        self._t_end = now
+        if self.coordinated:
+            self._send(P.done(self.iteration, self._alloc_wait + sync, sync, iteration_s))
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._send(P.bye())
+            self._sock.shutdown(socket.SHUT_WR)
+        except (OSError, CoordinatorLost):
+            pass
+        self._sock.close()
+        self._sock = None
+
+
+def _host_load():
+    """(cpu_percent since the previous call, memory percent) of this host."""
+    import psutil
+    return psutil.cpu_percent(interval=None), psutil.virtual_memory().percent
