@@ -121,6 +121,11 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
     return Job(config).run()
 
 
+# ---- predict and trace (issue 3): registered below this line -----------------------------
+
+# ---- report (issue 5): registered below this line ----------------------------------------
+
+
 def _fail(command: Optional[str], message: str, code: int) -> int:
     where = f"mxlbbsp {command}" if command else "mxlbbsp"
     sys.stderr.write(f"{where}: error: {message}\n")

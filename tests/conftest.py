@@ -1,0 +1,87 @@
+"""Shared test helpers: real processes, a unique marker per job, and a leftover check.
+
+Every job a test starts gets ``MXLBBSP_TEST_MARK=<uuid>`` in its environment (``--env``
+forwards it to every process of the job, over SSH too); after the job, no process on this
+machine may still carry that marker.
+"""
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_gluon.py"
+PY = sys.executable
+
+# 2 cores: one thread per process, in this process and in every child.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
+os.environ["PATH"] = os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", "")
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    marker: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def processes_with(marker: str):
+    """Processes on this machine whose environment carries ``marker``."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("MXLBBSP_TEST_MARK") == marker:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_no_leftovers(marker: str, timeout: float = 10.0):
+    """[] once nothing carries the marker; else what is left after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in processes_with(marker) if p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            return [(p.pid, " ".join(p.cmdline())) for p in left]
+        time.sleep(0.2)
+
+
+def mxlbbsp_argv(*args):
+    return [PY, "-m", "mxlbbsp.launcher", *map(str, args)]
+
+
+def run_mxlbbsp(*args, timeout=300, env=None, cwd=ROOT, marker=None, check_leftovers=True):
+    """Run the ``mxlbbsp`` command to its end; the job's processes carry a fresh marker."""
+    marker = marker or uuid.uuid4().hex
+    args = list(map(str, args))
+    if args and args[0] == "launch":
+        args = ["launch", "--env", f"MXLBBSP_TEST_MARK={marker}", *args[1:]]
+    full_env = dict(os.environ, MXLBBSP_TEST_MARK=marker, **(env or {}))
+    started = time.monotonic()
+    proc = subprocess.run(mxlbbsp_argv(*args), capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
+    result = Result(proc.returncode, proc.stdout, proc.stderr, marker,
+                    time.monotonic() - started)
+    if check_leftovers:
+        left = wait_no_leftovers(marker)
+        assert not left, f"processes left running after the job: {left}"
+    return result
+
+
+@pytest.fixture
+def mxlbbsp():
+    return run_mxlbbsp
