@@ -408,8 +408,10 @@ class Coordinator:
 
     def _flush_records(self, final: bool = False) -> None:
         """Write every complete record (all of them at the end) in (iteration, rank) order."""
+        # Only iterations every worker has finished: the file stays in (iteration, rank)
+        # order even though the workers' messages arrive on separate connections.
         ready = sorted(k for k, r in self._records.items()
-                       if final or ("wait_s" in r and "speed" in r))
+                       if final or (k[0] <= self._iteration and "wait_s" in r and "speed" in r))
         for key in ready:
             rec = self._records.pop(key)
             if "speed" not in rec:

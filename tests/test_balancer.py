@@ -1,0 +1,124 @@
+"""Invariants of the allocation, as property tests with seeded inputs."""
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mxlbbsp.balancer import (AffineFit, AllocationError, Balancer, TimeModel, allocate,
+                              equal_split, makespan, rescale)
+
+speeds = st.lists(st.floats(0.05, 1000.0, allow_nan=False), min_size=1, max_size=24)
+
+
+@settings(max_examples=300, deadline=None)
+@given(speeds, st.integers(0, 5000), st.data())
+def test_sum_is_exactly_B_and_bounds_hold(v, extra, data):
+    n = len(v)
+    B = n + extra
+    lo = data.draw(st.integers(1, max(1, B // n)))
+    hi = data.draw(st.one_of(st.none(), st.integers(lo, B)))
+    if hi is not None and hi * n < B:
+        with pytest.raises(AllocationError):
+            allocate(TimeModel.linear(v), B, lo, hi)
+        return
+    b = allocate(TimeModel.linear(v), B, lo, hi)
+    assert b.dtype.kind == "i"
+    assert int(b.sum()) == B
+    assert b.min() >= lo
+    if hi is not None:
+        assert b.max() <= hi
+
+
+@settings(max_examples=300, deadline=None)
+@given(speeds, st.integers(0, 5000), st.floats(0.0, 2.0))
+def test_a_faster_worker_never_gets_a_smaller_batch(v, extra, intercept):
+    B = len(v) + extra
+    model = TimeModel(np.array(v), np.full(len(v), intercept))
+    b = allocate(model, B)
+    order = np.argsort(v, kind="stable")
+    for i, j in zip(order[:-1], order[1:]):   # v[i] <= v[j]
+        if v[i] < v[j]:
+            assert b[i] <= b[j], (v, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.1, 10.0), min_size=1, max_size=3),
+       st.lists(st.floats(0.0, 3.0), min_size=3, max_size=3),
+       st.integers(0, 12), st.booleans())
+def test_affine_makespan_is_minimal_against_brute_force(v, a, extra, capped):
+    n = len(v)
+    B = n + extra
+    model = TimeModel(np.array(v), np.array(a[:n]))
+    hi = max(1, (B + n - 1) // n + 1) if capped else None
+    b = allocate(model, B, 1, hi)
+    best = min(makespan(model, c)
+               for c in itertools.product(range(1, (hi or B) + 1), repeat=n) if sum(c) == B)
+    assert makespan(model, b) == pytest.approx(best, rel=1e-12, abs=1e-12)
+
+
+def test_linear_split_is_proportional_to_speed():
+    assert allocate(TimeModel.linear([1, 1, 3]), 100).tolist() == [20, 20, 60]
+    assert allocate(TimeModel.linear([3, 1]), 64).tolist() == [48, 16]
+
+
+def test_every_worker_gets_at_least_one_sample():
+    b = allocate(TimeModel.linear([1000.0, 1.0, 1.0]), 10)
+    assert b.min() >= 1 and b.sum() == 10
+
+
+def test_infeasible_bounds_are_refused_with_a_reason():
+    with pytest.raises(AllocationError, match="smaller than the sum of the minimum"):
+        allocate(TimeModel.linear([1, 1, 1]), 2)
+    with pytest.raises(AllocationError, match="finite and positive"):
+        allocate(TimeModel.linear([1, float("nan")]), 8)
+
+
+def test_equal_split_and_rescale():
+    assert equal_split(10, 3).tolist() == [4, 3, 3]
+    with pytest.raises(AllocationError):
+        equal_split(2, 3)
+    r = rescale([48, 16], 20)
+    assert r.sum() == 20 and r[0] > r[1]
+    assert rescale([48, 16], 64).tolist() == [48, 16]
+
+
+def test_semi_dynamic_keeps_the_split_unless_the_gain_passes_the_threshold():
+    bal = Balancer(threshold=0.05)
+    current = np.array([32, 32])
+    # 2% faster worker 0: the best split is barely better -> keep.
+    kept = bal.allocate(TimeModel.linear([1.02, 1.0]), 64, current)
+    assert kept.tolist() == [32, 32]
+    # 3x faster worker 0: a big gain -> move.
+    moved = bal.allocate(TimeModel.linear([3.0, 1.0]), 64, current)
+    assert moved.tolist() == [48, 16]
+    # A current split for another global batch is never kept.
+    assert bal.allocate(TimeModel.linear([1.0, 1.0]), 20, current).sum() == 20
+
+
+def test_affine_fit_recovers_the_fixed_cost():
+    rng = np.random.default_rng(0)
+    fit = AffineFit(num_workers=2)
+    a_true, v_true = np.array([0.05, 0.2]), np.array([500.0, 100.0])
+    for _ in range(40):
+        # batches >= 16 keep the fixed cost under the fit's clamp (80% of the fastest time)
+        b = rng.integers(16, 64, size=2)
+        t = a_true + b / v_true + rng.normal(0, 1e-4, size=2)
+        fit.observe(b, t)
+    assert fit.intercept == pytest.approx(a_true, abs=5e-3)
+    model = fit.model([32, 32], a_true + 32 / v_true)
+    assert model.speed == pytest.approx(v_true, rel=0.05)
+
+
+def test_affine_fit_never_explains_away_the_whole_iteration():
+    fit = AffineFit(num_workers=1)
+    for b in [1, 2, 1, 2, 1, 2]:
+        fit.observe([b], [1.0 + 1e-3 * b])     # almost all fixed cost
+    assert 0 < fit.intercept[0] <= 0.8 * 1.001 + 1e-12
+
+
+def test_affine_fit_keeps_the_linear_model_when_batches_never_change():
+    fit = AffineFit(num_workers=1)
+    for _ in range(10):
+        fit.observe([32], [0.3])
+    assert fit.intercept.tolist() == [0.0]

@@ -1,0 +1,199 @@
+"""The coordinator with real worker sessions over loopback TCP (threads play the workers)."""
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from mxlbbsp import protocol as P
+from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.session import JobAborted, Session
+
+TOKEN = "t0ken"
+
+
+@pytest.fixture
+def coordinator(request, tmp_path):
+    made = []
+
+    def make(n, **kw):
+        kw.setdefault("metrics_path", str(tmp_path / "m.jsonl"))
+        c = Coordinator(CoordinatorConfig(num_workers=n, token=TOKEN, **kw))
+        c.start()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def env_for(c, rank, n, sync="lbbsp", token=TOKEN, slowdown=None):
+    env = {"MXLBBSP_COORDINATOR": f"{c.address[0]}:{c.address[1]}", "MXLBBSP_TOKEN": token,
+           "MXLBBSP_RANK": str(rank), "DMLC_NUM_WORKER": str(n), "MXLBBSP_SYNC": sync,
+           "MXLBBSP_HOST": f"h{rank}"}
+    if slowdown:
+        env["MXLBBSP_SLOWDOWN"] = slowdown
+    return env
+
+
+def sessions(c, n, B=64, N=640, sync="lbbsp", **kw):
+    """Open n sessions concurrently (registration waits for all of them)."""
+    out, errors = [None] * n, []
+
+    def open_one(r):
+        try:
+            out[r] = Session(B, N, kw.get("min_global_batch", B), kw.get("max_batch"),
+                             env=env_for(c, r, n, sync))
+        except BaseException as exc:  # noqa: BLE001 - collected for the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return out, errors
+
+
+def run_iteration(sessions_, compute, B=64):
+    """Every worker does one iteration: compute_s given per rank (a stand-in clock)."""
+    sizes = []
+    for s, seconds in zip(sessions_, compute):
+        t, offset, local = s.next_iteration(B)
+        sizes.append(local)
+        s._t_end -= seconds          # pretend the compute took `seconds`
+        s.gradients_ready()
+    for s in sessions_:
+        s.step_done()
+    return sizes
+
+
+def test_lbbsp_moves_samples_to_the_faster_worker(coordinator):
+    c = coordinator(2, predictor="last")
+    (s0, s1), errors = sessions(c, 2)
+    assert not errors
+    assert run_iteration([s0, s1], [0.1, 0.1]) == [32, 32]     # warm-up: equal
+    assert run_iteration([s0, s1], [0.1, 0.3]) == [32, 32]     # still the first split
+    # worker 1 was 3x slower per sample: 3:1
+    assert run_iteration([s0, s1], [0.1, 0.1]) == [48, 16]
+    for s in (s0, s1):
+        s.close()
+    assert c.finished.wait(5)
+    assert c.failure is None
+
+
+def test_offsets_tile_the_global_batch(coordinator):
+    c = coordinator(3, predictor="last")
+    ss, errors = sessions(c, 3, B=30, N=300)
+    assert not errors
+    run_iteration(ss, [0.1, 0.1, 0.1], B=30)
+    run_iteration(ss, [0.1, 0.2, 0.4], B=30)
+    slices = [s.next_iteration(30) for s in ss]
+    assert [t for t, _, _ in slices] == [2, 2, 2]
+    spans = sorted((off, off + b) for _, off, b in slices)
+    assert spans[0][0] == 0 and spans[-1][1] == 30
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_bsp_never_waits_and_still_writes_metrics(coordinator, tmp_path):
+    c = coordinator(2, sync="bsp", predictor="ema")
+    ss, _ = sessions(c, 2, sync="bsp")
+    for _ in range(3):
+        assert run_iteration(ss, [0.1, 0.3]) == [32, 32]
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5)
+    c.stop()
+    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    assert len(rows) == 6
+    assert {r["sync"] for r in rows} == {"bsp"}
+    assert [r["rank"] for r in rows] == [0, 1] * 3
+    last = rows[-1]
+    for field in ("iteration", "rank", "host", "batch_size", "compute_s", "wait_s", "speed",
+                  "predicted_speed", "cpu_percent", "mem_percent", "sync", "time"):
+        assert field in last
+    assert last["host"] == "h1"
+    assert last["predicted_speed"] > 0
+
+
+@pytest.mark.parametrize("B, N, min_B, needle", [
+    (2, 100, 2, "smaller than the number of workers"),
+    (64, 10, 10, "fewer than one global batch"),
+    (64, 642, 2, "last_batch='discard'"),
+])
+def test_bad_job_configuration_stops_every_worker(coordinator, B, N, min_B, needle):
+    c = coordinator(3)
+    ss, errors = sessions(c, 3, B=B, N=N, min_global_batch=min_B)
+    assert len(errors) == 3 and all(isinstance(e, JobAborted) for e in errors)
+    assert errors[0].code == 2
+    assert needle in c.failure and c.failure_kind == "config"
+
+
+def test_workers_must_agree_on_the_global_batch(coordinator):
+    c = coordinator(2)
+    out, errors = [], []
+
+    def open_one(r, B):
+        try:
+            out.append(Session(B, 640, B, None, env=env_for(c, r, 2)))
+        except JobAborted as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(r, B)) for r, B in ((0, 64), (1, 32))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2
+    assert "disagree on the global batch size" in c.failure
+
+
+def test_a_connection_without_the_token_is_refused(coordinator):
+    c = coordinator(1)
+    with socket.create_connection(c.address, timeout=5) as s:
+        s.sendall(P.encode(P.hello(0, "wrong", 1, "h", 64, 640, None)))
+        assert s.recv(100) == b""          # closed without a word
+    assert c.registered == 0
+    with socket.create_connection(c.address, timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert s.recv(100) == b""
+    assert c.registered == 0 and c.failure is None
+
+
+def test_losing_a_worker_is_a_failure(coordinator):
+    c = coordinator(2)
+    ss, _ = sessions(c, 2)
+    ss[1]._sock.shutdown(socket.SHUT_RDWR)  # dies without saying bye
+    for _ in range(50):
+        if c.failure:
+            break
+        threading.Event().wait(0.05)
+    assert "worker 1 lost its connection" in c.failure
+
+
+def test_metrics_file_is_not_touched_when_registration_fails(coordinator, tmp_path):
+    path = tmp_path / "keep.jsonl"
+    path.write_text("precious\n")
+    c = coordinator(2, metrics_path=str(path))
+    sessions(c, 2, B=1, N=100, min_global_batch=1)
+    c.stop()
+    assert path.read_text() == "precious\n"
+
+
+def test_slowdown_stretches_the_reported_compute(coordinator, tmp_path):
+    c = coordinator(1, predictor="last")
+    s = Session(8, 80, 8, None, env=env_for(c, 0, 1, slowdown="0:1,1:3"))
+    for _ in range(3):
+        s.next_iteration(8)
+        s._t_end -= 0.01
+        s.gradients_ready()
+        s.step_done()
+    s.close()
+    assert c.finished.wait(5)
+    c.stop()
+    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    assert [r["slowdown"] for r in rows] == [1.0, 3.0, 3.0]
+    assert rows[1]["compute_s"] == pytest.approx(3 * rows[0]["compute_s"], rel=0.5)
+    assert np.isfinite(rows[2]["predicted_speed"])
