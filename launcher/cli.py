@@ -124,6 +124,9 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
 # ---- predict and trace (issue 3): registered below this line -----------------------------
 
 # ---- report (issue 5): registered below this line ----------------------------------------
+from .cli_report import report  # noqa: E402
+
+cli.add_command(report)
 
 
 def _fail(command: Optional[str], message: str, code: int) -> int:
