@@ -79,6 +79,9 @@ def cli(verbose):
 @click.option("--emulate-slowdown", metavar="SPEC",
               help="Stretch each worker's compute: '1,1,3' (one factor per worker) or a CSV "
                    "trace with columns iteration,rank,slowdown.")
+@click.option("--emulate-compute", type=float, metavar="MS",
+              help="Add MS milliseconds of emulated compute per sample (slept, no CPU): a "
+                   "heavier model without the CPU contention, for experiments.")
 @click.option("--metrics", metavar="PATH",
               help="Write one JSON record per worker per iteration here (JSON Lines).")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
@@ -103,7 +106,7 @@ def cli(verbose):
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
-           max_batch_size, emulate_slowdown, metrics, env_items, log_dir, progress,
+           max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
     from .job import Job
@@ -112,6 +115,7 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
         threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ssh_port=ssh_port, ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,

@@ -61,6 +61,7 @@ class LaunchConfig:
     threshold: float = 0.03
     max_batch_size: Optional[int] = None
     emulate_slowdown: Optional[str] = None
+    emulate_compute: Optional[float] = None   # ms of emulated compute per sample
     metrics: Optional[str] = None
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None
@@ -99,6 +100,12 @@ class LaunchConfig:
         if not 0 <= self.threshold < 1:
             raise ConfigError(f"--threshold {self.threshold}: must be in [0, 1), e.g. 0.03 "
                               "(keep the split unless the gain is 3% or more)")
+        if self.predictor == "oracle" and not self.emulate_slowdown:
+            raise ConfigError("--predictor oracle knows the emulated slowdowns, so it needs "
+                              "--emulate-slowdown")
+        if self.emulate_compute is not None and not self.emulate_compute >= 0:
+            raise ConfigError(f"--emulate-compute {self.emulate_compute}: must be >= 0 ms per "
+                              "sample")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
         if self.progress < 0:

@@ -23,6 +23,7 @@ import shlex
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Dict, List, Optional
 
@@ -82,6 +83,8 @@ class Job:
         self.coordinator: Optional[Coordinator] = None
         self._signal: Optional[int] = None
         self._ssh = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)
+        self._keepalive = ssh.keepalive(self._ssh) if self.remote else None
+        self._stopped = threading.Event()
 
     # ---- the environment of each role --------------------------------------------------
 
@@ -111,9 +114,12 @@ class Job:
               env: Dict[str, str], transport: Optional[List[str]] = None) -> RoleProcess:
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
+        silence = None
+        if transport is None and self._keepalive:     # over SSH: see ssh.keepalive
+            silence = self._keepalive[1]
         proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
                            transport or self._transport(host), self.output,
-                           show_host=self.remote)
+                           show_host=self.remote, silence=silence)
         self.procs.append(proc)
         return proc
 
@@ -146,7 +152,8 @@ class Job:
         for r, host in enumerate(self.placement.workers):
             env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
-                                       cfg.slowdown[r].encode() if cfg.emulate_slowdown else None))
+                                       cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
+                                       (cfg.emulate_compute or 0.0) / 1000.0))
             self.workers.append(self._role("worker", r, host, list(cfg.command), env))
 
     # ---- dry run --------------------------------------------------------------------------
@@ -157,10 +164,17 @@ class Job:
         self._build(0, (self.bind, 0))
         lines = [f"job: {self.config.num_workers} worker(s), {self.config.num_servers} "
                  f"server(s), sync={self.config.sync}, scheduler and coordinator on "
-                 f"{self.bind}"]
+                 f"{self.bind}; every process runs in {self.config.cwd}"]
+        if self.remote:
+            forwarded = sorted(set(FORWARD) | {f"{p}*" for p in FORWARD_PREFIXES}
+                               | set(self.config.env))
+            lines.append("forwarded to every host through the SSH session's stdin (not on a "
+                         f"command line): {' '.join(forwarded)}")
         lines.append(f"{'ROLE':<10} {'RANK':<5} {'HOST':<20} COMMAND")
+        chosen = {_env.TOKEN: "<secret>", _env.PS_ROOT_PORT: "<free port>",
+                  _env.COORDINATOR: f"{self.bind}:<free port>"}
         for p in [self.scheduler] + self.servers + self.workers:
-            shown = {k: ("<secret>" if k == _env.TOKEN else v) for k, v in sorted(p.env.items())
+            shown = {k: chosen.get(k, v) for k, v in sorted(p.env.items())
                      if k.startswith(("DMLC_", "MXLBBSP_"))}
             env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
             where = "local" if p is self.scheduler else p.host
@@ -176,8 +190,7 @@ class Job:
 
     def _resolve_bind(self) -> None:
         if self.bind is None:
-            remote = [h for h in self.hosts]
-            self.bind = ssh.local_address_towards(remote[0])
+            self.bind = ssh.bind_address(self.hosts)
 
     def _on_signal(self, signum, frame) -> None:
         if self._signal is not None:       # a second Ctrl-C: stop waiting politely
@@ -195,10 +208,14 @@ class Job:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.remote:
-                unreachable = ssh.preflight(self.hosts, self._ssh, self._python(self.hosts[0]))
-                if unreachable:
-                    raise JobFailed("cannot reach " + "; ".join(unreachable) +
-                                    " (pre-flight `ssh HOST true` failed; nothing was started)")
+                failed = ssh.preflight(self.hosts, self._ssh, self._python(self.hosts[0]),
+                                       cfg.cwd)
+                if failed:
+                    raise JobFailed(f"SSH pre-flight failed on {len(failed)} of "
+                                    f"{len(set(h.target for h in self.hosts))} host(s), nothing "
+                                    f"was started: {'; '.join(failed)}")
+                if self._signal is not None:
+                    return self._interrupted()
                 self._resolve_bind()
             return self._run()
         finally:
@@ -211,7 +228,8 @@ class Job:
         self.coordinator = Coordinator(CoordinatorConfig(
             num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
             predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
-            max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind))
+            max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
+            slowdown=cfg.slowdown))
         try:
             coord_addr = self.coordinator.start()
         except OSError as exc:
@@ -221,6 +239,9 @@ class Job:
             return self._interrupted() if self._signal else 1
         for p in self.servers + self.workers:
             p.start()
+        if self._keepalive:
+            threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
+                             name="heartbeat", daemon=True).start()
         self.output.say(f"started {len(self.workers)} worker(s) and {len(self.servers)} "
                         f"server(s); sync={cfg.sync}, predictor={cfg.predictor}; scheduler "
                         f"{self.bind}:{port}, coordinator {coord_addr[0]}:{coord_addr[1]}")
@@ -291,8 +312,7 @@ class Job:
             rc = p.poll()
             if rc is None or rc == 0:
                 continue
-            if p.role != "worker" and rc == 0:
-                continue
+            rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
             where = f" on {p.host}" if self.remote else ""
             if self.remote and rc == 255:
                 what = f"lost its SSH connection{where} (ssh exit 255)"
@@ -331,7 +351,14 @@ class Job:
         self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, {p.samples_per_s:.1f} "
                         f"samples/s, batch sizes {sizes}")
 
+    def _heartbeat(self, interval: float) -> None:
+        """Until the teardown: an empty line to every remote guard every ``interval`` s."""
+        while not self._stopped.wait(interval):
+            for p in self.servers + self.workers:
+                p.beat()
+
     def _teardown(self) -> None:
+        self._stopped.set()
         procs = [p for p in self.procs if p.proc is not None]
         if procs:
             stop_all(procs, grace=3.0)

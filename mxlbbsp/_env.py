@@ -25,6 +25,8 @@ MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
 MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..."
                        (iteration:factor change points); absent: no emulation
+MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
+                       compute phase (before any slowdown factor); absent: none
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ SYNC = "MXLBBSP_SYNC"
 RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
+SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 
 SYNC_MODES = ("lbbsp", "bsp", "asp", "r2sp")
 #: sync modes whose MXNet kvstore is dist_async rather than dist_sync
@@ -127,6 +130,20 @@ def slowdown(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return _get(env, SLOWDOWN)
 
 
+def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
+    """MXLBBSP_SAMPLE_COST in seconds per sample (default 0)."""
+    raw = _get(env, SAMPLE_COST)
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise EnvError(f"{SAMPLE_COST}={raw!r}: expected seconds per sample >= 0")
+    return value
+
+
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,
            node_host: Optional[str] = None) -> dict:
     """The DMLC_* variables for one ps-lite process."""
@@ -143,7 +160,8 @@ def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_work
 
 
 def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], token_: str,
-               host_label: str, slowdown_spec: Optional[str] = None) -> dict:
+               host_label: str, slowdown_spec: Optional[str] = None,
+               sample_cost_s: float = 0.0) -> dict:
     """The MXLBBSP_* variables for one worker."""
     host_, port = coordinator_addr
     env = {
@@ -155,4 +173,6 @@ def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], to
     }
     if slowdown_spec:
         env[SLOWDOWN] = slowdown_spec
+    if sample_cost_s:
+        env[SAMPLE_COST] = repr(float(sample_cost_s))
     return env

@@ -51,6 +51,7 @@ class CoordinatorConfig:
     max_batch: Optional[int] = None       # per-worker cap from the command line
     metrics_path: Optional[str] = None
     warmup: int = 1                       # first iterations (graph building) not learnt from
+    slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
 
@@ -86,7 +87,10 @@ class Coordinator:
         self.failed_at: float = 0.0
         self.finished = threading.Event()            # every worker said bye
         self.address = None
-        self._predictor = _pred.create(config.predictor, n)
+        options = {}
+        if getattr(_pred.predictor_class(config.predictor), "needs_schedules", False):
+            options["schedules"] = config.slowdown
+        self._predictor = _pred.create(config.predictor, n, **options)
         self._fit = _bal.AffineFit(n)
         self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
@@ -361,6 +365,8 @@ class Coordinator:
             fixed = np.zeros(n)
         # The predictor sees the batch-invariant (marginal) speed; with the linear model it
         # is simply batch / compute time.
+        if hasattr(self._predictor, "advance"):
+            self._predictor.advance(t)
         self._predictor.observe(batch / (compute - fixed), exog)
         marginal = self._predictor.predict()
         bad = ~(np.isfinite(marginal) & (marginal > 0))

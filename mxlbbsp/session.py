@@ -102,6 +102,7 @@ class Session:
         self.sync = _env.sync(env)
         self.host = _env.host(env)
         self.slowdown = Schedule.decode(_env.slowdown(env))
+        self.sample_cost = _env.sample_cost(env)
         self.iteration = -1
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
@@ -255,10 +256,14 @@ class Session:
         """Call once the gradients of this iteration are computed (engine synchronised)."""
         now = time.perf_counter()
         compute = max(now - self._t_end - self._alloc_wait, 1e-9)
+        # Experiments: an emulated per-sample cost (a heavier model without using the CPU),
+        # then the worker's slowdown factor stretches the whole compute phase.
+        extra = self.sample_cost * self.batch_local
         factor = self.slowdown.factor(self.iteration)
-        if factor > 1.0:
-            time.sleep((factor - 1.0) * compute)
-            compute *= factor
+        extra += (factor - 1.0) * (compute + extra)
+        if extra > 0:
+            time.sleep(extra)
+            compute += extra
         self._compute = compute
         self._t_ready = time.perf_counter()
         if self.coordinated:

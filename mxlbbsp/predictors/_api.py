@@ -66,10 +66,14 @@ def available() -> list:
     return sorted(_REGISTRY)
 
 
-def create(name: str, num_workers: int, num_exog: int = 2, **options) -> Predictor:
-    """A new predictor by name."""
+def predictor_class(name: str) -> Type[Predictor]:
+    """The class registered under ``name``."""
     try:
-        cls = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown predictor {name!r}; choose from {', '.join(available())}") from None
-    return cls(num_workers, num_exog, **options)
+
+
+def create(name: str, num_workers: int, num_exog: int = 2, **options) -> Predictor:
+    """A new predictor by name."""
+    return predictor_class(name)(num_workers, num_exog, **options)
