@@ -45,7 +45,7 @@ class CoordinatorConfig:
     num_workers: int
     token: str
     sync: str = "lbbsp"
-    predictor: str = "ema"
+    predictor: str = "narx"
     time_model: str = "linear"
     threshold: float = 0.03
     max_batch: Optional[int] = None       # per-worker cap from the command line
@@ -336,12 +336,9 @@ class Coordinator:
             "slowdown": msg.get("slowdown", 1.0), "sync": self.config.sync,
             "predictor": self.config.predictor, "time": time.time(),
         })
-        predicted = self._predicted.get(t)
-        rec["predicted_speed"] = None if predicted is None else _num(predicted[rank])
         if len(reports) == self.config.num_workers:
             self._on_iteration(t, reports)
             del self._reports[t]
-            self._predicted.pop(t, None)
 
     def _on_iteration(self, t: int, reports: Dict[int, dict]) -> None:
         started = time.perf_counter()
@@ -423,6 +420,10 @@ class Coordinator:
             if "speed" not in rec:
                 continue
             rec.setdefault("wait_s", None)
+            # Looked up now, not when the report came: a worker's report of t+1 can arrive
+            # before the last report of t (ASP, or lines buffered on one connection).
+            predicted = self._predicted.get(rec["iteration"])
+            rec["predicted_speed"] = None if predicted is None else _num(predicted[rec["rank"]])
             rec["fallbacks"] = int(self._predictor.fallbacks[rec["rank"]])
             if rec.get("wait_s") is not None and rec.get("iteration_s") is not None:
                 self._totals[rec["rank"]] += (1, rec["batch_size"], rec["compute_s"],
@@ -433,6 +434,9 @@ class Coordinator:
                     # leaves an earlier metrics file untouched.
                     self._metrics = open(self.config.metrics_path, "w", buffering=1)
                 self._metrics.write(json.dumps(rec, allow_nan=False) + "\n")
+        pending = {t for t, _ in self._records}
+        for t in [t for t in self._predicted if t <= self._iteration and t not in pending]:
+            del self._predicted[t]
 
 
 def _nan(x) -> float:

@@ -197,3 +197,27 @@ def test_slowdown_stretches_the_reported_compute(coordinator, tmp_path):
     assert [r["slowdown"] for r in rows] == [1.0, 3.0, 3.0]
     assert rows[1]["compute_s"] == pytest.approx(3 * rows[0]["compute_s"], rel=0.5)
     assert np.isfinite(rows[2]["predicted_speed"])
+
+
+def test_records_get_their_prediction_whatever_order_the_reports_arrive_in(coordinator,
+                                                                              tmp_path):
+    """Rank 1 runs two iterations ahead of rank 0 (as in ASP): every record of iteration 2
+    still carries the prediction made once iteration 1 was complete."""
+    c = coordinator(2, sync="bsp", predictor="last")
+    ss, _ = sessions(c, 2, sync="bsp")
+    for rank in (1, 0):
+        s = ss[rank]
+        for _ in range(3):
+            s.next_iteration(64)
+            s._t_end -= 0.1 * (rank + 1)
+            s.gradients_ready()
+            s.step_done()
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5)
+    c.stop()
+    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    assert [(r["iteration"], r["rank"]) for r in rows] == [(t, r) for t in range(3) for r in (0, 1)]
+    last = [r for r in rows if r["iteration"] == 2]
+    assert all(r["predicted_speed"] is not None for r in last), last
+    assert last[0]["predicted_speed"] == pytest.approx(2 * last[1]["predicted_speed"], rel=0.3)
