@@ -65,7 +65,7 @@ def cli(verbose):
               show_default=True,
               help="lbbsp: split B by predicted speed; bsp: equal split B/n (dist_sync); "
                    "asp: equal split, no barrier (dist_async).")
-@click.option("--predictor", default="ema", show_default=True, metavar="NAME",
+@click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help=f"Speed predictor: {', '.join(predictors.available())}.")
 @click.option("--time-model", type=click.Choice(["linear", "affine"]), default="linear",
               show_default=True,
@@ -126,6 +126,10 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
 
 
 # ---- predict and trace (issue 3): registered below this line -----------------------------
+from .cli_predict import predict as _predict, trace as _trace_cmd  # noqa: E402
+
+cli.add_command(_predict)
+cli.add_command(_trace_cmd)
 
 # ---- report (issue 5): registered below this line ----------------------------------------
 from .cli_report import report  # noqa: E402

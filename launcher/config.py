@@ -56,7 +56,7 @@ class LaunchConfig:
     num_servers: int = 1
     hostfile: Optional[str] = None
     sync: str = "lbbsp"
-    predictor: str = "ema"
+    predictor: str = "narx"
     time_model: str = "linear"
     threshold: float = 0.03
     max_batch_size: Optional[int] = None

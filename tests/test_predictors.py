@@ -1,0 +1,159 @@
+"""The speed predictors on known dynamics: NARX (with its fallbacks) and the AR(p) baseline.
+
+Seeded synthetic series; no processes. The coordinator's contract is checked too: one
+``observe`` + ``predict`` per iteration for all workers at once (vectorised).
+"""
+import numpy as np
+import pytest
+
+from mxlbbsp import predictors
+from mxlbbsp.predictors import narx
+
+
+def replay(name, speed, exog, **options):
+    """One-step-ahead forecasts of a (T, n) speed series; row 0 has none (NaN)."""
+    T, n = speed.shape
+    p = predictors.create(name, n, exog.shape[2], **options)
+    out = np.full((T, n), np.nan)
+    for t in range(T - 1):
+        p.observe(speed[t], exog[t])
+        out[t + 1] = p.predict()
+    return out, p
+
+
+def rmse(y, f):
+    return float(np.sqrt(np.mean((y - f) ** 2)))
+
+
+def arx_series(seed, T=1500, sigma=1.0):
+    """y(t+1) = 100 + 0.5 (y(t) - 100) - 0.8 (cpu(t) - 50) + e,  e ~ N(0, sigma^2)."""
+    rng = np.random.default_rng(seed)
+    cpu = 50 + 10 * rng.standard_normal(T)
+    mem = 40 + rng.standard_normal(T)
+    y = np.empty(T)
+    y[0] = 100.0
+    for t in range(T - 1):
+        y[t + 1] = 100 + 0.5 * (y[t] - 100) - 0.8 * (cpu[t] - 50) + sigma * rng.standard_normal()
+    return y[:, None], np.stack([cpu, mem], axis=1)[:, None, :]
+
+
+def test_all_registered():
+    assert {"narx", "ar", "last", "ema"} <= set(predictors.available())
+
+
+def test_narx_learns_a_linear_arx_system_to_its_noise_floor():
+    sigma = 1.0
+    y, x = arx_series(seed=3, sigma=sigma)
+    f_narx, p = replay("narx", y, x)
+    f_last, _ = replay("last", y, x)
+    tail = slice(-500, None)
+    # the best possible one-step forecast has RMSE sigma; last-value is ~8.6 sigma here
+    assert rmse(y[tail], f_last[tail]) > 5 * sigma
+    assert rmse(y[tail], f_narx[tail]) < 1.25 * sigma
+    assert p.fallbacks.sum() == 0
+
+
+def test_narx_warmup_forecasts_the_last_value():
+    rng = np.random.default_rng(0)
+    p = predictors.create("narx", 3, 2)
+    for t in range(narx.WARMUP):
+        speed = rng.uniform(50, 150, 3)
+        p.observe(speed, rng.uniform(0, 100, (3, 2)))
+        np.testing.assert_array_equal(p.predict(), speed)
+    assert p.fallbacks.sum() == 0
+
+
+def test_narx_absurd_forecast_falls_back_and_is_counted():
+    y, x = arx_series(seed=1, T=200)
+    y = np.repeat(y, 2, axis=1)
+    x = np.repeat(x, 2, axis=1)
+    p = predictors.create("narx", 2, 2)
+    for t in range(100):
+        p.observe(y[t], x[t])
+    assert p.fallbacks.sum() == 0
+    # Fault injection: worker 1's output bias becomes huge, so its network forecasts a speed
+    # millions of times its recent range. It must get its last value instead, and a count.
+    p._theta[1, p._slices[3]] = 1e9
+    p.observe(y[100], x[100])
+    forecast = p.predict()
+    assert forecast[1] == y[100, 1]
+    assert p.fallbacks.tolist() == [0, 1]
+    assert 0.5 * y[:101, 0].min() < forecast[0] < 2 * y[:101, 0].max()
+
+
+def test_narx_non_finite_numbers_fall_back_and_are_counted():
+    # Speeds at the edge of float64: the running statistics overflow, every forecast of the
+    # network is NaN or inf, and the predictor must keep answering the last speed.
+    p = predictors.create("narx", 1, 2)
+    speeds = [1e300 if t % 2 else 1e-300 for t in range(narx.WARMUP + 10)]
+    for s in speeds:
+        p.observe([s], [[50.0, 40.0]])
+        assert p.predict()[0] == s
+    assert p.fallbacks[0] >= 9
+
+
+def test_narx_missing_exogenous_values_are_carried_forward():
+    y, x = arx_series(seed=2, T=300)
+    x = x.copy()
+    x[::3, 0, 0] = np.nan          # psutil gave nothing: None -> NaN
+    x[:, 0, 1] = np.nan            # this column is never measured
+    f, p = replay("narx", y, x)
+    assert np.isfinite(f[1:]).all()
+    assert p.fallbacks.sum() == 0
+    # a third of the cpu readings is stale, so ~0.64 of last-value's error is the best here
+    assert rmse(y[-100:], f[-100:]) < 0.8 * rmse(y[-100:], y[-101:-1])
+
+
+def test_narx_vectorised_equals_separate_predictors():
+    rng = np.random.default_rng(7)
+    series = [arx_series(seed=s, T=150) for s in (11, 12, 13)]
+    y = np.concatenate([s[0] * (1 + k) for k, s in enumerate(series)], axis=1)   # (T, 3)
+    x = np.concatenate([s[1] for s in series], axis=1)                           # (T, 3, 2)
+    x[:, 2] += rng.normal(0, 5, (150, 2))
+    together, _ = replay("narx", y, x)
+    for i in range(3):
+        alone, _ = replay("narx", y[:, i:i + 1], x[:, i:i + 1])
+        np.testing.assert_allclose(together[:, i], alone[:, 0], rtol=1e-9)
+
+
+def test_narx_workers_are_independent():
+    y, x = arx_series(seed=5, T=150)
+    y2 = np.concatenate([y, y], axis=1)
+    x2 = np.concatenate([x, x], axis=1)
+    base, _ = replay("narx", y2, x2)
+    y2[60:, 0] *= 3.0               # worker 0 changes completely; worker 1 must not notice
+    x2[60:, 0, 0] = 0.0
+    changed, _ = replay("narx", y2, x2)
+    np.testing.assert_array_equal(changed[:, 1], base[:, 1])
+    assert not np.allclose(changed[70:, 0], base[70:, 0])
+
+
+def test_narx_checks_the_number_of_exogenous_columns():
+    p = predictors.create("narx", 2, 3)
+    with pytest.raises(ValueError, match="exogenous"):
+        p.observe([1.0, 2.0], [[1.0, 2.0], [3.0, 4.0]])
+
+
+def test_ar_learns_an_ar2_process():
+    # y(t) = 40 + 1.2 y(t-1) - 0.6 y(t-2) + e: mean 100, oscillating; sigma = 2
+    rng = np.random.default_rng(4)
+    T, sigma = 2000, 2.0
+    y = np.full(T, 100.0)
+    for t in range(2, T):
+        y[t] = 40 + 1.2 * y[t - 1] - 0.6 * y[t - 2] + sigma * rng.standard_normal()
+    x = np.zeros((T, 1, 2))
+    f_ar, p = replay("ar", y[:, None], x)
+    tail = slice(-1000, None)
+    assert rmse(y[tail, None], f_ar[tail]) < 1.1 * sigma
+    assert rmse(y[tail], y[-1001:-1]) > 1.3 * sigma           # last value is clearly worse
+    assert p.fallbacks.sum() == 0
+
+
+def test_ar_warmup_and_vectorised():
+    rng = np.random.default_rng(9)
+    y = rng.uniform(50, 150, (60, 2))
+    x = np.zeros((60, 2, 2))
+    f, _ = replay("ar", y, x)
+    np.testing.assert_array_equal(f[1:11], y[:10])          # warm-up: last value
+    alone, _ = replay("ar", y[:, 1:], x[:, 1:])
+    np.testing.assert_allclose(f[:, 1], alone[:, 0], rtol=1e-9)
