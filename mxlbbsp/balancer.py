@@ -90,7 +90,8 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     """The integer split of ``total`` samples with the smallest makespan (see module doc).
 
     ``lower``/``upper`` are per-worker bounds (scalars broadcast); ``upper=None`` means no cap.
-    Ties go to the lower rank, so the result is deterministic.
+    A sample whose finish times tie goes to the faster worker, then to the lower rank: the
+    result is deterministic, and a faster worker never gets fewer samples.
     """
     v = np.asarray(model.speed, dtype=float)
     n = v.shape[0]
@@ -107,21 +108,21 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     batch = np.clip(np.floor(share + 1e-9).astype(np.int64), lo, hi)
     remaining = total - int(batch.sum())
     if remaining > 0:
-        heap = [(model.intercept[i] + (batch[i] + 1) / v[i], i) for i in range(n) if batch[i] < hi[i]]
+        heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(n) if batch[i] < hi[i]]
         heapq.heapify(heap)
         for _ in range(remaining):
-            _, i = heapq.heappop(heap)
+            _, _, i = heapq.heappop(heap)
             batch[i] += 1
             if batch[i] < hi[i]:
-                heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], i))
+                heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], -v[i], i))
     elif remaining < 0:  # only from rounding at the 1e-9 guard; take back from the latest
-        heap = [(-(a[i] + batch[i] / v[i]), i) for i in range(n) if batch[i] > lo[i]]
+        heap = [(-(a[i] + batch[i] / v[i]), v[i], i) for i in range(n) if batch[i] > lo[i]]
         heapq.heapify(heap)
         for _ in range(-remaining):
-            _, i = heapq.heappop(heap)
+            _, _, i = heapq.heappop(heap)
             batch[i] -= 1
             if batch[i] > lo[i]:
-                heapq.heappush(heap, (-(a[i] + batch[i] / v[i]), i))
+                heapq.heappush(heap, (-(a[i] + batch[i] / v[i]), v[i], i))
     return batch
 
 

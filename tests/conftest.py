@@ -14,6 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import settings
+
+# Property tests draw seeded inputs: the same examples on every run and in CI.
+settings.register_profile("seeded", derandomize=True, deadline=None)
+settings.load_profile("seeded")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_gluon.py"

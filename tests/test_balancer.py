@@ -62,6 +62,11 @@ def test_linear_split_is_proportional_to_speed():
     assert allocate(TimeModel.linear([3, 1]), 64).tolist() == [48, 16]
 
 
+def test_finish_time_ties_go_to_the_faster_worker():
+    # 2/999.9999999999999 and 2/1000 are the same float: the tie must not go to rank 0
+    assert allocate(TimeModel.linear([999.9999999999999, 1000.0]), 3).tolist() == [1, 2]
+
+
 def test_every_worker_gets_at_least_one_sample():
     b = allocate(TimeModel.linear([1000.0, 1.0, 1.0]), 10)
     assert b.min() >= 1 and b.sum() == 10
