@@ -5,20 +5,28 @@ end of an SSH session, and writes one JSON line to the guard's standard input::
 
     {"argv": [...], "env": {...}, "cwd": "/launch/dir", "grace": 3.0}
 
-The guard runs ``argv`` in ``cwd`` with ``env`` added to its environment, in a new session
-(its own process group), and passes its output straight through. The spec travels on stdin,
-so no variable (the job's token among them) appears on a command line that ``ps`` shows.
+Its first line on stdout is ``mxlbbsp guard: started`` (the launcher knows from it that the
+transport is connected). It runs ``argv`` in ``cwd`` with ``env`` added to its environment,
+in a new session (its own process group), and passes its output straight through. The spec
+travels on stdin, so no variable (the job's token among them) appears on a command line that
+``ps`` shows.
 
 The guard then keeps reading stdin. When stdin closes (the launcher exited or died, or the
 SSH connection dropped) or a ``stop`` line arrives, or the guard itself gets SIGTERM, SIGINT or
-SIGHUP, it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
+SIGHUP, or, with ``"silence": S`` in the spec, nothing arrives on stdin for S seconds (the
+launcher sends an empty line now and then: a partitioned network closes nothing on the remote
+side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
 with the command's exit code (128 + N for a signal N, like a shell).
+
+``python -m mxlbbsp.launcher.guard --check FOLDER`` is the launcher's SSH pre-flight: it
+succeeds when this host has mxlbbsp (the guard) and the launch folder.
 
 Only the standard library is imported here: the guard starts in milliseconds.
 """
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,6 +34,9 @@ import threading
 import time
 
 NOT_FOUND = 127
+STDIN = 0
+#: the guard's first line on stdout: it runs, so the transport (e.g. ssh) is connected
+STARTED = "mxlbbsp guard: started"
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -51,8 +62,9 @@ class Guard:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
         cwd = self.spec.get("cwd") or None
+        # stdin is the launcher's line to this guard: the command must not read it
         self.child = subprocess.Popen(self.spec["argv"], env=env, cwd=cwd,
-                                      start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
     def stop(self) -> None:
         """Stop the command's whole process group (idempotent; returns at once)."""
@@ -69,10 +81,24 @@ class Guard:
             time.sleep(0.05)
         _killpg(pgid, signal.SIGKILL)
 
-    def watch_stdin(self) -> None:
-        for line in sys.stdin:
-            if line.strip() == "stop":
+    def watch_stdin(self, pending: bytes = b"") -> None:
+        """Stop the command when stdin closes or says ``stop``, or, when the spec gives
+        ``silence``, when nothing (not even the launcher's empty heartbeat lines) arrives for
+        that many seconds: a network partition closes no SSH session on this side."""
+        silence = self.spec.get("silence")
+        while True:
+            *lines, pending = pending.split(b"\n")
+            if any(line.strip() == b"stop" for line in lines):
                 break
+            ready, _, _ = select.select([STDIN], [], [], silence)
+            if not ready:
+                sys.stderr.write(f"mxlbbsp guard: no word from the launcher for {silence:g} s "
+                                 f"(connection lost?); stopping\n")
+                break
+            chunk = os.read(STDIN, 4096)
+            if not chunk:
+                break
+            pending += chunk
         self.stop()
 
     def wait(self) -> int:
@@ -82,9 +108,34 @@ class Guard:
         return rc if rc >= 0 else 128 - rc
 
 
+def check(folder: str) -> int:
+    """Pre-flight (``guard --check FOLDER``): 0 when this host can run a role in ``folder``."""
+    if not os.path.isdir(folder):
+        sys.stderr.write(f"no folder {folder} on {os.uname().nodename}: the launch folder "
+                         "must exist on every host (e.g. a shared file system)\n")
+        return 3
+    return 0
+
+
+def _read_line(fd: int):
+    """The first line on ``fd`` and what was read after it (stdin is read unbuffered, so
+    that ``select`` sees everything that follows)."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
 def main() -> int:
-    line = sys.stdin.readline()
-    if not line:
+    if sys.argv[1:2] == ["--check"] and len(sys.argv) == 3:
+        return check(sys.argv[2])
+    os.write(1, (STARTED + "\n").encode())
+    line, pending = _read_line(STDIN)
+    if not line.strip():
         return 1
     try:
         spec = json.loads(line)
@@ -100,13 +151,17 @@ def main() -> int:
     try:
         guard.start()
     except FileNotFoundError:
+        cwd = spec.get("cwd") or os.getcwd()
+        if not os.path.isdir(cwd):
+            sys.stderr.write(f"mxlbbsp: error: no folder {cwd} on {os.uname().nodename}\n")
+            return 126
         sys.stderr.write(f"mxlbbsp: error: command not found: {argv[0]!r} "
-                         f"(on {os.uname().nodename}, in {spec.get('cwd') or os.getcwd()})\n")
+                         f"(on {os.uname().nodename}, in {cwd})\n")
         return NOT_FOUND
     except (PermissionError, NotADirectoryError, OSError) as exc:
         sys.stderr.write(f"mxlbbsp: error: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
         return 126
-    threading.Thread(target=guard.watch_stdin, daemon=True).start()
+    threading.Thread(target=guard.watch_stdin, args=(pending,), daemon=True).start()
     return guard.wait()
 
 

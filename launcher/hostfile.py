@@ -20,9 +20,10 @@ from typing import List, Optional
 
 from .config import ConfigError
 
-_HOST = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?"
-                   r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))"
-                   r"(?::(?P<port>\d+))?$")
+# names start with a letter, digit or _ so that ssh never takes one for an option
+_HOST = re.compile(r"^(?:(?P<user>\w[\w.-]*)@)?"
+                   r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<name>\w[\w.-]*))"
+                   r"(?::(?P<port>\d+))?$", re.ASCII)
 _SLOTS = re.compile(r"^slots=(?P<n>\d+)$")
 
 

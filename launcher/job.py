@@ -37,6 +37,8 @@ from .procs import Output, RoleProcess, local_transport, stop_all
 
 EXIT_CONFIG = 2
 EXIT_STALL = 124
+#: how often a role is started over SSH when the connection fails before its guard runs
+CONNECT_ATTEMPTS = 5
 #: variables forwarded to remote hosts (besides every --env)
 FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
 FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
@@ -212,7 +214,7 @@ class Job:
                                        cfg.cwd)
                 if failed:
                     raise JobFailed(f"SSH pre-flight failed on {len(failed)} of "
-                                    f"{len(set(h.target for h in self.hosts))} host(s), nothing "
+                                    f"{len(ssh.distinct(self.hosts))} host(s), nothing "
                                     f"was started: {'; '.join(failed)}")
                 if self._signal is not None:
                     return self._interrupted()
@@ -313,8 +315,15 @@ class Job:
             if rc is None or rc == 0:
                 continue
             rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
+            over_ssh = self.remote and p is not self.scheduler
+            if over_ssh and rc == 255 and p.reconnect(CONNECT_ATTEMPTS):
+                continue
+            last = p.flush_early()
             where = f" on {p.host}" if self.remote else ""
-            if self.remote and rc == 255:
+            if over_ssh and rc == 255 and not p.connected.is_set():
+                what = (f"could not connect to {p.host} ({p.attempts} attempt(s), ssh exit 255"
+                        f"{': ' + last if last else ''})")
+            elif over_ssh and rc == 255:
                 what = f"lost its SSH connection{where} (ssh exit 255)"
             else:
                 what = f"exited with code {rc}{where}"

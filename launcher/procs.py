@@ -5,17 +5,24 @@ is the argv that starts a guard there: ``python -m mxlbbsp.launcher.guard`` on t
 or ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`). Either way
 the launcher writes the spec (argv, environment, folder) to the transport's stdin, reads its
 output line by line with a ``[role rank]`` prefix, and stops it by closing that stdin.
+
+The guard's first line says that it started; what comes before it is the transport's own
+(e.g. ssh failing to connect), so a role whose transport ended before that line can be
+started again without running anything twice (:meth:`RoleProcess.reconnect`).
 """
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Dict, IO, List, Optional
+from typing import Dict, IO, List, Optional, Tuple
+
+from .guard import STARTED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
 
@@ -41,22 +48,14 @@ class Output:
             return None
         return open(os.path.join(self.log_dir, name + ".log"), "w", buffering=1)
 
-    def pump(self, stream, label: str, to_stderr: bool, log: Optional[IO]) -> threading.Thread:
+    def line(self, label: str, text: str, to_stderr: bool, log: Optional[IO]) -> None:
+        """One line of a process, with its label (and in its log)."""
         dest = self._err if to_stderr else self._out
-
-        def run():
-            for raw in iter(stream.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                with self._lock:
-                    dest.write(f"[{label}] {line}\n")
-                    dest.flush()
-                    if log is not None:
-                        log.write(line + "\n")
-            stream.close()
-
-        thread = threading.Thread(target=run, name=f"output {label}", daemon=True)
-        thread.start()
-        return thread
+        with self._lock:
+            dest.write(f"[{label}] {text}\n")
+            dest.flush()
+            if log is not None:
+                log.write(text + "\n")
 
     def say(self, message: str) -> None:
         """A line of the launcher's own, on stderr."""
@@ -70,37 +69,116 @@ class RoleProcess:
 
     def __init__(self, role: str, rank: Optional[int], host: str, argv: List[str],
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
-                 show_host: bool = False, grace: float = 3.0):
+                 show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
         self.output = output
         self.grace = grace
+        #: the guard stops the role after this long without a line (see :meth:`beat`)
+        self.silence = silence
         name = role if rank is None else f"{role} {rank}"
         self.label = f"{name}@{host}" if show_host else name
         self.proc: Optional[subprocess.Popen] = None
+        #: set when the guard has said it started: the transport is connected
+        self.connected = threading.Event()
+        self.attempts = 0
         self._threads: List[threading.Thread] = []
         self._log = None
+        self._stdin_lock = threading.Lock()
+        self._stopping = False
+        self._retry_at: Optional[float] = None
+        #: lines before the guard started (ssh's own messages): shown unless we try again
+        self._early: List[Tuple[str, bool]] = []
+        self._early_lock = threading.Lock()
         self.started_at = None
 
     @property
     def spec(self) -> dict:
-        return {"argv": self.argv, "env": self.env, "cwd": self.cwd, "grace": self.grace}
+        spec = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "grace": self.grace}
+        if self.silence is not None:
+            spec["silence"] = self.silence
+        return spec
 
     def start(self) -> None:
+        log_name = self.role if self.rank is None else f"{self.role}.{self.rank}"
+        self._log = self.output.open_log(log_name)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.attempts += 1
+        with self._early_lock:
+            self._early = []
         self.proc = subprocess.Popen(self.transport, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.started_at = time.monotonic()
-        log_name = self.role if self.rank is None else f"{self.role}.{self.rank}"
-        self._log = self.output.open_log(log_name)
-        self._threads = [self.output.pump(self.proc.stdout, self.label, False, self._log),
-                         self.output.pump(self.proc.stderr, self.label, True, self._log)]
+        self._threads = [self._pump(self.proc.stdout, False), self._pump(self.proc.stderr, True)]
         try:
             self.proc.stdin.write((json.dumps(self.spec) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass  # the transport died at once; poll() reports it
+        os.set_blocking(self.proc.stdin.fileno(), False)   # beat() must never hang
+
+    def _pump(self, stream, to_stderr: bool) -> threading.Thread:
+        def run():
+            for raw in iter(stream.readline, b""):
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                with self._early_lock:
+                    if not self.connected.is_set():
+                        if text == STARTED and not to_stderr:
+                            self.connected.set()
+                            self._flush_early()
+                        else:
+                            self._early.append((text, to_stderr))
+                        continue
+                self.output.line(self.label, text, to_stderr, self._log)
+            stream.close()
+
+        thread = threading.Thread(target=run, name=f"output {self.label}", daemon=True)
+        thread.start()
+        return thread
+
+    def _flush_early(self) -> None:
+        early, self._early = self._early, []
+        for text, to_stderr in early:
+            self.output.line(self.label, text, to_stderr, self._log)
+
+    def flush_early(self) -> Optional[str]:
+        """Show the lines held back before the guard started; returns the last one."""
+        with self._early_lock:
+            last = self._early[-1][0] if self._early else None
+            self._flush_early()
+        return last
+
+    def reconnect(self, attempts: int) -> bool:
+        """The transport ended before the guard started (ssh could not connect, e.g. an
+        sshd at its MaxStartups limit): start it again after a pause that grows with every
+        attempt, up to ``attempts`` in all. True while trying again, False once connected
+        or out of attempts. The guard had not started, so nothing of the role ran yet."""
+        if self.connected.is_set() or self._stopping or self.attempts >= attempts:
+            return False
+        now = time.monotonic()
+        if self._retry_at is None:
+            self._retry_at = now + random.uniform(0.5, 1.5) * self.attempts
+        elif now >= self._retry_at:
+            self._retry_at = None
+            for t in self._threads:
+                t.join(2.0)
+            self._close_stdin()
+            self._spawn()
+        return True
+
+    def beat(self) -> None:
+        """Tell the guard that the launcher is alive: an empty line on its stdin."""
+        with self._stdin_lock:
+            if self.proc is None or self.proc.stdin.closed:
+                return
+            try:
+                os.write(self.proc.stdin.fileno(), b"\n")
+            except OSError:
+                pass  # a full pipe (the guard hears from us anyway) or a dead transport
 
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
@@ -111,11 +189,16 @@ class RoleProcess:
 
     def stop(self) -> None:
         """Ask the guard to stop the role (closes its stdin); returns at once."""
-        if self.proc is not None and self.proc.stdin and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        self._stopping = True
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        with self._stdin_lock:
+            if self.proc is not None and not self.proc.stdin.closed:
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass  # unsent spec of a transport that died: nothing to tell it
 
     def kill(self) -> None:
         """Last resort: kill the transport (the guard, or ssh and so the remote guard)."""
@@ -136,6 +219,7 @@ class RoleProcess:
     def finish_output(self, timeout: float = 2.0) -> None:
         for t in self._threads:
             t.join(timeout)
+        self.flush_early()
         if self._log is not None:
             self._log.close()
             self._log = None

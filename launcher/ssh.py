@@ -4,7 +4,9 @@ The user's ~/.ssh/config, agent and known_hosts apply, as for any ``ssh``. Comma
 argument lists (never ``shell=True``); the one string the remote shell sees is built with
 ``shlex.quote`` and contains no secrets: the job's environment, token included, travels on the
 SSH session's stdin to the guard (:mod:`.guard`), which also ties the remote process tree's
-life to the session.
+life to the session. Keep-alives work both ways: ssh's ServerAlive* options end a session
+whose host went silent (the launcher then stops the job), and the launcher's heartbeat lines
+let a remote guard stop its process when the launcher went silent (:func:`keepalive`).
 """
 from __future__ import annotations
 
@@ -28,6 +30,27 @@ class SshOptions:
     port: Optional[int] = None
     identity: Optional[str] = None
     options: Sequence[Tuple[str, str]] = ()
+
+
+def _option(opts: SshOptions, key: str) -> str:
+    """The value of an ``ssh -o`` option: the user's, else ours."""
+    for k, value in list(opts.options) + list(BASE_OPTIONS):
+        if k.lower() == key.lower():
+            return value
+    raise KeyError(key)
+
+
+def keepalive(opts: SshOptions) -> Optional[Tuple[float, float]]:
+    """(interval, silence): how often the launcher writes a line to each remote guard, and
+    how long a guard waits for one before it stops its process. ssh gives up on a silent
+    server after ServerAliveInterval x ServerAliveCountMax seconds and the launcher then
+    ends the job; the remote guards follow after twice that. None: keep-alives are off."""
+    try:
+        interval = float(_option(opts, "ServerAliveInterval"))
+        count = max(1, int(_option(opts, "ServerAliveCountMax")))
+    except ValueError:
+        return None
+    return (interval, 2.0 * interval * count) if interval > 0 else None
 
 
 def base_argv(host: Host, opts: SshOptions, connect_timeout: Optional[int] = None) -> List[str]:
@@ -55,41 +78,71 @@ def command(host: Host, opts: SshOptions, remote_argv: Sequence[str],
         host.target, "exec " + " ".join(shlex.quote(a) for a in remote_argv)]
 
 
-def _check(host: Host, opts: SshOptions, python: str, attempts: int = 2,
-           timeout: int = 5) -> Optional[str]:
-    """None when ``host`` is reachable and can run the guard, else what is wrong."""
-    probe = [python, "-c", "import mxlbbsp.launcher.guard"]
-    last = ""
-    for attempt in range(attempts):
+#: pre-flight: ssh's ConnectTimeout (s), and how often a quick failure is tried
+PREFLIGHT_TIMEOUT = 5
+PREFLIGHT_ATTEMPTS = 3
+
+
+def _check(host: Host, opts: SshOptions, python: str, folder: str) -> Optional[str]:
+    """None when ``host`` is reachable and can run a role in ``folder``, else what is wrong.
+
+    A quick failure of ssh itself (exit 255: connection refused or reset, e.g. a host that is
+    booting or an sshd at its MaxStartups limit) is tried again after a second; a host that
+    did not answer within the timeout is reported at once.
+    """
+    probe = command(host, opts, [python, "-m", "mxlbbsp.launcher.guard", "--check", folder],
+                    connect_timeout=PREFLIGHT_TIMEOUT)
+    limit = PREFLIGHT_TIMEOUT + 5                 # connected, but nothing answers
+    port = host.port or opts.port
+    where = host.target + (f" (port {port})" if port else "")
+    try_this = f"ssh{f' -p {port}' if port else ''} {host.target} true"
+    for attempt in range(PREFLIGHT_ATTEMPTS):
+        started = time.monotonic()
         try:
-            res = subprocess.run(command(host, opts, probe, connect_timeout=timeout),
-                                 stdin=subprocess.DEVNULL, capture_output=True,
-                                 timeout=timeout + 5)
+            res = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True,
+                                 timeout=limit)
         except subprocess.TimeoutExpired:
-            last = f"{host.target}: no answer within {timeout + 5} s"
-            continue
-        err = res.stderr.decode("utf-8", "replace").strip().splitlines()
-        detail = err[-1] if err else f"exit {res.returncode}"
+            return f"{where}: no answer within {limit} s"
         if res.returncode == 0:
             return None
-        if res.returncode == 255:              # ssh itself failed: maybe transient, retry
-            last = f"{host.target}: {detail}"
-            if attempt + 1 < attempts:
+        err = res.stderr.decode("utf-8", "replace").strip().splitlines()
+        detail = err[-1] if err else f"exit {res.returncode}"
+        if res.returncode == 255:
+            quick = time.monotonic() - started < PREFLIGHT_TIMEOUT
+            if quick and attempt + 1 < PREFLIGHT_ATTEMPTS:
                 time.sleep(1.0)
-            continue
+                continue
+            return f"{where}: {detail} (`{try_this}` must work here without a prompt)"
         if res.returncode == 127:
-            return f"{host.target}: {python} not found there (set --remote-python)"
-        return (f"{host.target}: mxlbbsp is not importable by {python} there ({detail}); "
-                "install it on every host at the same path, or set --remote-python")
-    return last
+            return f"{where}: {python} not found there (set --remote-python)"
+        if res.returncode == 3:                    # guard --check: no launch folder there
+            return f"{where}: {detail}"
+        return (f"{where}: {python} cannot run mxlbbsp there ({detail}); install it on every "
+                "host at the same path, or set --remote-python")
+    return None  # not reached
 
 
-def preflight(hosts: Sequence[Host], opts: SshOptions, python: str) -> List[str]:
+def distinct(hosts: Sequence[Host]) -> List[Host]:
+    """The different SSH destinations among ``hosts`` (slots aside), in order."""
+    return list(dict.fromkeys(dataclasses.replace(h, slots=1) for h in hosts))
+
+
+def preflight(hosts: Sequence[Host], opts: SshOptions, python: str, folder: str) -> List[str]:
     """Check every host in parallel; returns one message per host that failed."""
-    unique = list(dict.fromkeys(hosts))
+    unique = distinct(hosts)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-        results = list(pool.map(lambda h: _check(h, opts, python), unique))
+        results = list(pool.map(lambda h: _check(h, opts, python, folder), unique))
     return [r for r in results if r]
+
+
+def bind_address(hosts: Sequence[Host]) -> str:
+    """The address of this machine for the scheduler and the coordinator: the one facing the
+    first host that is not this machine, or loopback when every host is."""
+    for host in hosts:
+        address = local_address_towards(host)
+        if not address.startswith("127.") and address != "::1":
+            return address
+    return "127.0.0.1"
 
 
 def local_address_towards(host: Host) -> str:
@@ -99,11 +152,12 @@ def local_address_towards(host: Host) -> str:
         target = host.address or socket.gethostbyname(host.name)
     except OSError:
         return socket.gethostbyname(socket.gethostname())
-    if target.startswith("127."):
+    if target.startswith("127.") or target == "::1":
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    family = socket.AF_INET6 if ":" in target else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
         try:
-            s.connect((target, 9))
+            s.connect((target, 9))       # UDP: picks the route, sends nothing
             return s.getsockname()[0]
         except OSError:
             return socket.gethostbyname(socket.gethostname())

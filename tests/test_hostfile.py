@@ -1,0 +1,141 @@
+"""Hostfiles, placement and the SSH options of `mxlbbsp launch`: no sshd needed.
+
+Parsing and placement are tested as functions; bad input through the real command line
+(one line on stderr, exit 2), and ``--dry-run`` prints the placement and the ssh commands of
+a 2-host job without starting anything.
+"""
+import sys
+
+import pytest
+
+from conftest import run_mxlbbsp
+from mxlbbsp.launcher.config import ConfigError
+from mxlbbsp.launcher.hostfile import Host, parse_hostfile, place
+
+
+def write(tmp_path, text, name="hosts"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_host_form(tmp_path):
+    path = write(tmp_path, "# cluster\n"
+                           "\n"
+                           "node1\n"
+                           "   node2 slots=4   # four workers here\n"
+                           "alice@node3:2222\n"
+                           "bob@10.0.0.4 slots=2\n"
+                           "[fe80::1]:22 slots=2\n"
+                           "127.0.0.2:2022\n")
+    assert parse_hostfile(path) == [
+        Host("node1"),
+        Host("node2", slots=4),
+        Host("node3", user="alice", port=2222),
+        Host("10.0.0.4", user="bob", slots=2),
+        Host("fe80::1", port=22, slots=2),
+        Host("127.0.0.2", port=2022),
+    ]
+    assert Host("node3", user="alice").target == "alice@node3"
+    assert Host("10.0.0.4").address == "10.0.0.4"
+    assert Host("node1").address is None
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("node1 slots=0", "slots must be at least 1"),
+    ("node1 slots=-1", "unexpected 'slots=-1'"),
+    ("node1 slots=two", "unexpected 'slots=two'"),
+    ("node1 slots 2", "unexpected 'slots'"),
+    ("node1:0", "port 0 is outside 1..65535"),
+    ("node1:65536", "port 65536 is outside 1..65535"),
+    ("node1:ssh", "'node1:ssh' is not a host"),
+    ("@node1", "'@node1' is not a host"),
+    ("node/1", "'node/1' is not a host"),
+    ("-oProxyCommand", "'-oProxyCommand' is not a host"),
+    ("-v@node1", "'-v@node1' is not a host"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, line, needle):
+    path = write(tmp_path, f"# first line\nnode0\n{line}\n")
+    with pytest.raises(ConfigError) as err:
+        parse_hostfile(path)
+    assert str(err.value).startswith(f"{path}:3: ")
+    assert needle in str(err.value)
+
+
+def test_a_file_without_hosts_is_an_error(tmp_path):
+    path = write(tmp_path, "# nothing here\n\n   \n")
+    with pytest.raises(ConfigError, match="lists no hosts"):
+        parse_hostfile(path)
+
+
+def test_placement_servers_round_robin_workers_fill_slots_in_order():
+    a, b, c = Host("a", slots=2), Host("b", slots=1), Host("c", slots=3)
+    p = place([a, b, c], num_workers=5, num_servers=4)
+    assert p.servers == [a, b, c, a]
+    assert p.workers == [a, a, b, c, c]
+    assert place([a, b, c], num_workers=1, num_servers=1).workers == [a]
+    with pytest.raises(ConfigError, match="only 6 slot"):
+        place([a, b, c], num_workers=7, num_servers=1)
+
+
+# ---- through the command line: one line, exit 2 --------------------------------------------
+
+def _one_line_exit_2(r, needle):
+    assert r.rc == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("mxlbbsp launch: error: ")
+    assert needle in lines[0]
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("text, extra, needle", [
+    ("a\nb c\n", [], ":2: unexpected 'c'"),
+    ("a slots=0\n", [], ":1: slots must be at least 1"),
+    ("a:99999\n", [], ":1: port 99999 is outside 1..65535"),
+    ("", [], "lists no hosts"),
+    ("# only a comment\n", [], "lists no hosts"),
+    ("a slots=2\nb\n", ["-n", "4"], "-n 4 workers, but the hostfile has only 3 slot(s)"),
+    ("a\n", ["--ssh-port", "0"], "--ssh-port 0: must be in 1..65535"),
+    ("a\n", ["--ssh-option", "StrictHostKeyChecking"], "expected KEY=VALUE"),
+    ("a\n", ["--ssh-identity", "/no/such/key"], "--ssh-identity '/no/such/key': no such file"),
+    ("a\n", ["--emulate-slowdown", "1,2"], "has 2 factor(s) but -n is 1"),
+])
+def test_bad_hostfile_or_option(tmp_path, text, extra, needle):
+    path = write(tmp_path, text)
+    r = run_mxlbbsp("launch", "-H", path, *extra, "--dry-run", "--", "python", "x.py")
+    _one_line_exit_2(r, needle)
+    if needle.startswith(":"):
+        assert f"{path}{needle}" in r.stderr
+
+
+def test_missing_hostfile(tmp_path):
+    r = run_mxlbbsp("launch", "-H", tmp_path / "nope", "--", "python", "x.py")
+    _one_line_exit_2(r, "no such file")
+
+
+def test_dry_run_prints_placement_and_commands_and_starts_nothing(tmp_path):
+    path = write(tmp_path, "127.0.0.1 slots=1\nalice@127.0.0.2:2222 slots=2\n")
+    started = tmp_path / "started"
+    r = run_mxlbbsp("launch", "-H", path, "-s", "2", "--ssh-port", "2200",
+                    "--ssh-option", "ConnectTimeout=3", "--env", "EXTRA=1", "--dry-run",
+                    "--", "touch", started)
+    assert r.rc == 0, r.output
+    assert not started.exists()
+    rows = [line.split(None, 3) for line in r.stdout.splitlines()
+            if line.split(None, 1)[0] in ("scheduler", "server", "worker")]
+    assert [row[:3] for row in rows] == [
+        ["scheduler", "-", "local"],
+        ["server", "0", "127.0.0.1"], ["server", "1", "127.0.0.2"],
+        ["worker", "0", "127.0.0.1"], ["worker", "1", "127.0.0.2"],
+        ["worker", "2", "127.0.0.2"]]
+    assert rows[-1][3] == f"touch {started}"
+    via = [line.split("via: ", 1)[1] for line in r.stdout.splitlines() if "via: " in line]
+    assert len(via) == 5                         # every role but the local scheduler
+    assert via[0].startswith("ssh ") and via[0].endswith(
+        "-p 2200 127.0.0.1 'exec " + sys.executable +
+        " -m mxlbbsp.launcher.guard'")
+    assert "-p 2222 alice@127.0.0.2 " in via[-1]  # host:port wins over --ssh-port
+    assert "-o ConnectTimeout=3" in via[-1] and "ConnectTimeout=10" not in via[-1]
+    assert "MXLBBSP_TOKEN='<secret>'" in r.stdout
+    assert "EXTRA" in r.stdout.splitlines()[1]   # the forwarded variables

@@ -1,0 +1,372 @@
+"""`mxlbbsp launch -H hostfile` end to end, against a real sshd on 127.0.0.1 and 127.0.0.2.
+
+Nothing is mocked: the launcher runs the system ssh client, our own sshd (tests/sshd.py)
+starts the guards, the guards start real MXNet servers and workers. Every job carries a
+fresh ``MXLBBSP_TEST_MARK`` (through ``--env``); afterwards no process may carry it and no
+sshd session may be left. The time bounds are the issue's failure bounds, not measurements.
+"""
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+from conftest import ROOT, EXAMPLE, mxlbbsp_argv, processes_with, run_mxlbbsp, \
+    wait_no_leftovers
+from netns import Netns
+from sshd import Sshd, ensure_installed
+
+pytestmark = pytest.mark.ssh
+
+#: a worker command prefix that prints how the worker was reached and what it got, then runs
+#: the rest: "[worker R@HOST] probe|KEY=VALUE|KEY=VALUE..."
+PROBED = {"rank": "MXLBBSP_RANK", "ssh": "SSH_CONNECTION", "omp": "OMP_NUM_THREADS",
+          "mxnet": "MXNET_CPU_WORKER_NTHREADS", "venv": "VIRTUAL_ENV",
+          "pythonpath": "PYTHONPATH", "ld": "LD_LIBRARY_PATH", "extra": "EXTRA",
+          "mark": "MXLBBSP_TEST_MARK"}
+PROBE = ["sh", "-c", 'echo "probe|pwd=$(pwd)' +
+         "".join(f"|{key}=${{{var}}}" for key, var in PROBED.items()) + '"; exec "$@"', "probe"]
+TRAIN = ["python", str(EXAMPLE), "--model", "mlp", "--data", "digits"]
+
+
+def probes(output):
+    """{rank: (host in the prefix, {key: value})} from the PROBE lines in ``output``."""
+    found = {}
+    for m in re.finditer(r"^\[worker (\d+)@(\S+)\] probe\|(.*)$", output, re.M):
+        found[int(m[1])] = (m[2], dict(kv.split("=", 1) for kv in m[3].split("|")))
+    return found
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    reason = ensure_installed()
+    if reason:
+        pytest.skip(f"no sshd: {reason}")
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hostfile(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# two hosts, one worker each\n127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
+    return path
+
+
+def launch(sshd, hostfile, *args):
+    """The arguments of `mxlbbsp launch` for a job on ``hostfile`` through ``sshd``."""
+    return ["launch", "-H", hostfile, *sshd.launch_options(), "--progress", "0", *args]
+
+
+def assert_nothing_left(sshd, marker):
+    assert wait_no_leftovers(marker) == [], "job processes left running"
+    assert sshd.wait_no_sessions() == [], "ssh sessions left open"
+
+
+class Running:
+    """A launcher running in the background, its output collected line by line."""
+
+    def __init__(self, args, marker):
+        self.marker = marker
+        args = [args[0], "--env", f"MXLBBSP_TEST_MARK={marker}", *map(str, args[1:])]
+        self.proc = subprocess.Popen(mxlbbsp_argv(*args), cwd=ROOT, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=dict(os.environ, MXLBBSP_TEST_MARK=marker))
+        self.lines = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+
+    @property
+    def output(self):
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern, timeout=90):
+        """The first output line matching ``pattern``; fails the test after ``timeout``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if regex.search(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and not self._reader.is_alive():
+                    pytest.fail(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines))
+                self._changed.wait(min(left, 0.5))
+
+    def wait(self, timeout):
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"the launcher did not end within {timeout} s; output:\n{self.output}")
+        self._reader.join(5)
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def running():
+    jobs = []
+
+    def start(args):
+        job = Running(args, uuid.uuid4().hex)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def workers_of(marker, count, timeout=60):
+    """{rank: psutil.Process} of the job's worker processes, once all ``count`` are there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for p in processes_with(marker):
+            try:
+                env = p.environ()
+                if env.get("DMLC_ROLE") == "worker" and "train_gluon" in " ".join(p.cmdline()):
+                    found[int(env["MXLBBSP_RANK"])] = p
+            except psutil.NoSuchProcess:
+                continue
+        if len(found) == count:
+            return found
+        if time.monotonic() > deadline:
+            pytest.fail(f"found worker(s) {sorted(found)} of the job, expected {count}")
+        time.sleep(0.2)
+
+
+def session_of(sshd, proc):
+    """The sshd session process above ``proc`` (None: not started through ``sshd``)."""
+    parents = proc.parents()
+    if sshd.proc.pid not in [p.pid for p in parents]:
+        return None
+    return next(p for p in parents if p.ppid() == sshd.proc.pid)
+
+
+# ---- a job that works ------------------------------------------------------------------------
+
+def test_two_hosts_train_to_the_end(sshd, hostfile):
+    forwarded = {"VIRTUAL_ENV": str(ROOT / ".venv"), "PYTHONPATH": "/no/such/python/path",
+                 "LD_LIBRARY_PATH": "/no/such/lib"}
+    r = run_mxlbbsp(*launch(sshd, hostfile, "--env", "EXTRA=a b;$c'd"), "--",
+                    *PROBE, *TRAIN, "--batch-size", "32", "--iterations", "8",
+                    "--log-interval", "4", timeout=180, env=forwarded)
+    assert r.rc == 0, r.output
+    got = probes(r.stdout)
+    assert sorted(got) == [0, 1], r.output
+    for rank, address in ((0, "127.0.0.1"), (1, "127.0.0.2")):
+        host, env = got[rank]
+        assert host == address                  # the output prefix names the host
+        # SSH_CONNECTION: client address and port, then the sshd address and port it came in on
+        assert env["ssh"].split()[2:] == [address, str(sshd.port)], env
+        assert env["pwd"] == str(ROOT), env     # sshd starts a session in $HOME
+        assert env["rank"] == str(rank)
+        assert (env["omp"], env["mxnet"]) == ("1", "1")      # conftest sets both
+        assert (env["venv"], env["pythonpath"], env["ld"]) == (
+            forwarded["VIRTUAL_ENV"], forwarded["PYTHONPATH"], forwarded["LD_LIBRARY_PATH"])
+        assert (env["extra"], env["mark"]) == ("a b;$c'd", r.marker)
+    assert "[worker 0@127.0.0.1] done: 8 iterations" in r.stdout, r.output
+    assert re.search(r"\[mxlbbsp\] done in [\d.]+ s: 8 iterations", r.stderr), r.output
+    assert_nothing_left(sshd, r.marker)
+
+
+def test_connections_refused_by_maxstartups_are_retried(sshd, tmp_path):
+    # an sshd that drops every connection beyond the first that has not logged in yet
+    # (sshd's default, 10:30:100, does the same to a host with many slots)
+    strict = Sshd(tmp_path / "sshd", max_startups="1:100:1")
+    strict.start()
+    try:
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.2 slots=3\n")
+        r = run_mxlbbsp(*launch(strict, hosts), "--", *TRAIN, "--batch-size", "48",
+                        "--iterations", "3", "--log-interval", "1", timeout=180)
+        assert r.rc == 0, r.output
+        assert "[worker 0@127.0.0.2] done: 3 iterations" in r.stdout, r.output
+        assert "drop connection" in strict.log.read_text()    # it did refuse some
+        assert strict.wait_no_sessions() == []
+    finally:
+        strict.stop()
+
+
+# ---- the first failure stops every process on every host ------------------------------------
+
+def test_worker_exit_3_on_one_host_stops_the_job(sshd, hostfile):
+    # worker 1 fails; worker 0 (with a background child in its group) waits for it forever
+    failing = ('echo "probe $MXLBBSP_RANK $MXLBBSP_TEST_MARK"; '
+               'if [ "$MXLBBSP_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 600 & exec "$@"')
+    r = run_mxlbbsp(*launch(sshd, hostfile), "--", "sh", "-c", failing, "sh", *TRAIN,
+                    "--epochs", "1000", timeout=60)
+    assert r.rc == 3, r.output
+    assert r.seconds < 30, r.output
+    assert f"[worker 0@127.0.0.1] probe 0 {r.marker}" in r.stdout, r.output
+    assert f"[worker 1@127.0.0.2] probe 1 {r.marker}" in r.stdout, r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert errors and "worker 1 exited with code 3 on 127.0.0.2" in errors[0], r.output
+    assert_nothing_left(sshd, r.marker)
+
+
+def test_lost_ssh_connection_stops_the_job(sshd, hostfile, running):
+    job = running(launch(sshd, hostfile) + ["--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    worker = workers_of(job.marker, 2)[1]
+    session = session_of(sshd, worker)
+    assert session is not None, "worker 1 did not run through the test sshd"
+    session.kill()                              # the connection to 127.0.0.2 drops
+    assert job.wait(30) == 255, job.output
+    assert "error: worker 1 lost its SSH connection on 127.0.0.2 (ssh exit 255)" in job.output
+    assert_nothing_left(sshd, job.marker)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_every_host(sshd, hostfile, running, sig, code):
+    # a remote process tree: each worker has a child in its process group
+    job = running(launch(sshd, hostfile) + ["--", "sh", "-c", 'sleep 600 & exec "$@"', "sh",
+                                            *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    workers = workers_of(job.marker, 2)
+    assert all(session_of(sshd, w) for w in workers.values()), workers
+    assert ["sleep", "sleep"] == [p.name() for p in processes_with(job.marker)
+                                  if p.name() == "sleep"]
+    job.proc.send_signal(sig)
+    assert job.wait(30) == code, job.output
+    assert f"{signal.Signals(sig).name}: stopping all" in job.output
+    assert_nothing_left(sshd, job.marker)
+
+
+def test_launcher_killed_leaves_nothing(sshd, hostfile, running):
+    job = running(launch(sshd, hostfile) + ["--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    assert all(session_of(sshd, w) for w in workers_of(job.marker, 2).values())
+    job.proc.kill()         # no teardown: the guards notice their stdin closing
+    job.wait(10)
+    assert_nothing_left(sshd, job.marker)
+
+
+def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
+    job = running(launch(sshd, hostfile, "--stall-timeout", "10") +
+                  ["--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    workers_of(job.marker, 2)[1].suspend()      # a peer that hangs rather than fails
+    assert job.wait(60) == 124, job.output
+    assert "error: no iteration finished for 10 s" in job.output
+    assert_nothing_left(sshd, job.marker)
+
+
+# ---- pre-flight ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hosts, extra, needles", [
+    ("127.0.0.1 slots=1\n127.0.0.3 slots=1\n", [],
+     ["failed on 1 of 2 host(s)", "127.0.0.3", "Connection refused"]),
+    ("127.0.0.1\n127.0.0.2\n", ["--remote-python", "/no/such/python"],
+     ["failed on 2 of 2 host(s)", "127.0.0.1", "127.0.0.2", "/no/such/python not found"]),
+])
+def test_preflight_fails_fast_and_starts_nothing(sshd, tmp_path, hosts, extra, needles):
+    path = tmp_path / "hosts"
+    path.write_text(hosts)
+    started = tmp_path / "started"
+    r = run_mxlbbsp(*launch(sshd, path, *extra), "--", "touch", started, timeout=60)
+    assert r.rc == 1, r.output
+    assert r.seconds < 20, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxlbbsp launch: error: SSH pre-flight"), \
+        r.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "nothing was started" in lines[0]
+    assert not started.exists()
+    assert_nothing_left(sshd, r.marker)
+
+
+# ---- secrets ---------------------------------------------------------------------------------
+
+def test_token_is_on_no_command_line(sshd, hostfile, running):
+    job = running(launch(sshd, hostfile) + ["--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    workers = workers_of(job.marker, 2)
+    assert all(session_of(sshd, w) for w in workers.values()), workers
+    tokens = {w.environ()["MXLBBSP_TOKEN"] for w in workers.values()}
+    assert len(tokens) == 1
+    token = tokens.pop()
+    assert len(token) >= 16
+
+    def command_lines_with(text):
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if text in " ".join(p.info["cmdline"] or ()):
+                found.append((p.info["pid"], p.info["cmdline"]))
+        return found
+
+    assert command_lines_with(job.marker), "the scan finds nothing (the marker is on one)"
+    assert command_lines_with(token) == []
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait(30) == 130, job.output
+    assert_nothing_left(sshd, job.marker)
+
+
+# ---- another host for real: a network namespace ----------------------------------------------
+
+@pytest.fixture(scope="session")
+def netns_host(sshd, tmp_path_factory):
+    """(namespace, its sshd): a host that is not this machine as far as the network goes."""
+    ns = Netns()
+    reason = ns.create()
+    if reason:
+        pytest.skip(f"no network namespace: {reason}")
+    server = Sshd(tmp_path_factory.mktemp("sshd-netns"), [ns.address], port=2222,
+                  wrap=ns.exec_prefix)
+    try:
+        server.start()
+        yield ns, server
+    finally:
+        server.stop()
+        ns.delete()
+
+
+def test_remote_host_in_a_namespace_and_a_partition(netns_host, tmp_path, running):
+    ns, server = netns_host
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{ns.address} slots=2\n")
+    # ssh gives up on a silent host after 2 s, the remote guards on a silent launcher after 4 s
+    job = running(launch(server, hosts, "--ssh-option", "ServerAliveInterval=1",
+                         "--ssh-option", "ServerAliveCountMax=2") +
+                  ["--", *TRAIN, "--epochs", "1000"])
+    # the scheduler and the coordinator listen on the address that faces the namespace...
+    started = job.wait_for(r"^\[mxlbbsp\] started")
+    assert f"scheduler {ns.host_address}:" in started, started
+    assert f"coordinator {ns.host_address}:" in started, started
+    # ...and the workers there, whose 127.0.0.1 is not ours, reach them
+    job.wait_for(rf"^\[worker 0@{re.escape(ns.address)}\] epoch 0 iteration")
+    workers = workers_of(job.marker, 2)
+    ours = os.readlink("/proc/self/ns/net")
+    assert [os.readlink(f"/proc/{w.pid}/ns/net") != ours for w in workers.values()] == [True] * 2
+    ns.set_link(False)      # a partition: no error, no reset on either side, just silence
+    try:
+        assert job.wait(30) == 255, job.output
+        assert f"lost its SSH connection on {ns.address} (ssh exit 255)" in job.output
+        # the far side's sshd cannot tell (its sessions wait for TCP), but the guards stop
+        assert wait_no_leftovers(job.marker, timeout=20) == [], "job processes left running"
+        assert server.wait_no_sessions(include_sshd=False) == [], "guards left running"
+    finally:
+        ns.set_link(True)
