@@ -91,7 +91,8 @@ def cli(verbose):
 @click.option("--progress", type=float, default=10.0, show_default=True, metavar="SECONDS",
               help="Print a progress line this often (0: never).")
 @click.option("--stall-timeout", type=float, metavar="SECONDS",
-              help="Stop the job when no iteration finishes for this long (default: off).")
+              help="Stop the job (exit 124) when no iteration finishes for this long, counted "
+                   "from the start until the first one (default: off).")
 @click.option("--bind", metavar="ADDR",
               help="Address of this machine for the scheduler and coordinator (default: "
                    "127.0.0.1 without -H, else the one facing the first host).")

@@ -23,6 +23,14 @@ class ConfigError(ValueError):
     """Bad input to the launcher: reported as one line, exit code 2."""
 
 
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise ConfigError("the current folder no longer exists; cd to the folder to launch "
+                          "from") from None
+
+
 def parse_env(items) -> Dict[str, str]:
     """``--env KEY=VALUE`` items as a dict."""
     env = {}
@@ -74,7 +82,7 @@ class LaunchConfig:
     ssh_options: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     remote_python: Optional[str] = None
     dry_run: bool = False
-    cwd: str = dataclasses.field(default_factory=os.getcwd)
+    cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
 

@@ -335,8 +335,10 @@ class Job:
         return None
 
     def _finish(self, started: float) -> int:
+        # The servers and the scheduler end once the workers have finalised; 10 s in all.
+        deadline = time.monotonic() + 10.0
         for p in self.servers + [self.scheduler]:
-            p.wait(10.0)
+            p.wait(max(0.0, deadline - time.monotonic()))
         elapsed = time.monotonic() - started
         summary = self.coordinator.summary()
         if summary:

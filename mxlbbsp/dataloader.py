@@ -19,7 +19,7 @@ import threading
 from typing import Optional
 
 import numpy as np
-from mxnet import gluon
+from mxnet import context, gluon
 from mxnet.gluon.data import dataloader as _gdl
 
 from . import balancer as _bal
@@ -175,4 +175,8 @@ class DataLoader:
             if pending is None:
                 pending = self._submit(indices)
         result = pending.get(self._timeout)
-        return result if self._thread_pool else pickle.loads(result)
+        if self._thread_pool:
+            return result
+        # Worker processes hand batches over in shared memory (cpu_shared), which a
+        # hybridized network refuses next to its cpu parameters: give them back on cpu.
+        return _gdl._as_in_context(pickle.loads(result), context.cpu())

@@ -101,9 +101,10 @@ def test_progress_lines_are_printed(lbbsp_run):
 
 
 def test_bsp_splits_equally_and_is_exact_too(tmp_path):
+    # with data-loading processes feeding a hybridized network, too
     r = run_mxlbbsp("launch", "-n", 2, "--sync", "bsp", "--emulate-slowdown", "1,3",
                     "--metrics", tmp_path / "m.jsonl", "--progress", "0",
-                    "--", PY, EXAMPLE, *TRAIN, "--epochs", "1",
+                    "--", PY, EXAMPLE, *TRAIN, "--epochs", "1", "--loader-workers", "2",
                     "--save-params", tmp_path / "bsp.params")
     assert r.rc == 0, r.output
     _, by_iter = records(tmp_path / "m.jsonl")

@@ -31,3 +31,16 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert needle in lines[0]
     assert lines[0].startswith("mxlbbsp launch: error: ")
     assert "Traceback" not in r.output
+
+
+def test_launch_from_a_deleted_folder_is_one_line(tmp_path):
+    import subprocess
+    from conftest import PY
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    proc = subprocess.run(["sh", "-c", f'cd "{gone}" && rmdir "{gone}" && exec "$0" -m '
+                           "mxlbbsp.launcher launch -n 1 -- true", PY],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("mxlbbsp launch: error: the current folder no longer "
+                                   "exists; cd to the folder to launch from")
