@@ -36,14 +36,19 @@ def env() -> Dict[str, str]:
 
 def launch(workers: int, train_args: Sequence[str], metrics: Path, sync: str = "lbbsp",
            launch_args: Sequence[str] = (), command: Optional[Sequence[str]] = None,
-           timeout: float = 1800) -> dict:
-    """Run one job to its end; returns its metrics summary (warm-up left out)."""
+           timeout: float = 1800, log: Optional[Path] = None) -> dict:
+    """Run one job to its end; returns its metrics summary (warm-up left out).
+
+    ``log``: also write the job's output (every process's lines, prefixed) to this file.
+    """
     argv = [PY, "-m", "mxlbbsp.launcher", "launch", "-n", str(workers), "--sync", sync,
             "--metrics", str(metrics), "--progress", "0", *launch_args, "--",
             *(command or [PY, str(EXAMPLE), *train_args])]
     started = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True,
                           timeout=timeout)
+    if log is not None:
+        Path(log).write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"benchmark job failed ({proc.returncode}): {shlex.join(argv)}")

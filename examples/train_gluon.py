@@ -49,12 +49,19 @@ def parse_args(argv=None):
     p.add_argument("--save-params", help="save the trained parameters here (rank 0)")
     p.add_argument("--log-interval", type=int, default=20)
     p.add_argument("--eval", action="store_true", help="report test accuracy every epoch")
+    p.add_argument("--eval-interval", type=int, default=0, metavar="N",
+                   help="rank 0 evaluates test accuracy every N iterations and logs 'eval: "
+                   "iteration=I accuracy=A train_s=S eval_s=E time=T' (train_s: seconds since "
+                   "the start without the evaluations; time: Unix time). 0: never")
     return p.parse_args(argv)
 
 
 def evaluate(net, dataset, batch_size=256):
+    """Test accuracy; ``dataset`` may also be a list of (data, label) batches."""
     metric = mx.metric.Accuracy()
-    for data, label in gluon.data.DataLoader(dataset, batch_size=batch_size):
+    batches = dataset if isinstance(dataset, list) else \
+        gluon.data.DataLoader(dataset, batch_size=batch_size)
+    for data, label in batches:
         metric.update(label, net(data))
     return metric.get()[1]
 
@@ -83,6 +90,12 @@ def main(argv=None):
                                "wd": args.wd})
     rank = mxlbbsp.rank()
     iteration, started = 0, time.time()
+    eval_s = 0.0                                   # time spent in --eval-interval evaluations
+    test_batches = None
+    if args.eval_interval and rank == 0 and test is not None:
+        # batched once: a fresh gluon DataLoader pass over digits' test set takes ~100 ms,
+        # the evaluation itself ~2 ms (it stalls the other workers, so keep it short)
+        test_batches = list(gluon.data.DataLoader(test, batch_size=256))
     for epoch in range(args.epochs):
         for data, label in loader:                 # len(data) varies between iterations
             with autograd.record():
@@ -94,6 +107,13 @@ def main(argv=None):
                 log.info("epoch %d iteration %d: loss %.4f, local batch %d, %.1f samples/s "
                          "(global)", epoch, iteration, loss.mean().asscalar(), len(data),
                          iteration * args.batch_size / (time.time() - started))
+            if test_batches is not None and iteration % args.eval_interval == 0:
+                t0 = time.time()
+                train_s = t0 - started - eval_s    # training time so far, evaluations left out
+                accuracy = evaluate(net, test_batches)
+                eval_s += time.time() - t0
+                log.info("eval: iteration=%d accuracy=%.4f train_s=%.3f eval_s=%.3f time=%.3f",
+                         iteration, accuracy, train_s, eval_s, t0)
             if args.iterations and iteration >= args.iterations:
                 break
         if args.eval and rank == 0 and test is not None:

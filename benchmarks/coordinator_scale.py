@@ -1,0 +1,471 @@
+"""Coordinator scale: the real coordinator with 16 to 1024 simulated workers over loopback.
+
+The coordinator is ``mxlbbsp.coordinator.Coordinator`` exactly as ``mxlbbsp launch`` runs it
+(its own thread and asyncio loop in this process; ``lbbsp``, the default predictor and time
+model, a metrics file). The workers are light clients that speak ``mxlbbsp.protocol``:
+asyncio protocols (no MXNet), a few hundred per client process, in separate processes.
+Each one says ``hello`` with the job's token, then per iteration t
+
+    report(t)  ->  wait for alloc(t+1)  ->  done(t)  ->  (simulated compute)  ->  report(t+1)
+
+Every worker has a speed of its own (heterogeneous, drifting slowly, with noise), reports
+``compute_s = b_i / v_i`` for the batch it was given, so the balancer really rebalances.
+Two arrival patterns of the reports:
+
+* ``spread``: each worker sleeps its simulated compute time (about ``--compute-ms``, with the
+  spread that imperfect balancing leaves) before it reports -- as in a real job;
+* ``burst``: every worker reports at once -- the worst case for the coordinator, which must
+  read all n reports before it can answer.
+
+Measured per iteration: the **allocation latency**, from the moment the last report of
+iteration t is sent (client clock) until every worker has received alloc(t+1) (the last
+client's receive time; CLOCK_MONOTONIC is the same clock in every process on Linux); the
+coordinator thread's CPU time per iteration (its thread CPU clock, slope over the measured
+iterations); and ``Coordinator.alloc_latency`` (server side: from the last report's arrival to
+the allocation written to every socket). Median and p99 over the measured iterations (the
+first ``--skip`` are left out).
+
+    python benchmarks/coordinator_scale.py --quick             # 16..1024 workers (~2 min)
+    python benchmarks/coordinator_scale.py                     # 200 iterations (~2 min)
+    python benchmarks/coordinator_scale.py --profile 256       # + where the time goes (~1 min)
+    python benchmarks/coordinator_scale.py --client-smoke      # 4 workers, a few iterations
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import multiprocessing as mp
+import os
+import pstats
+import secrets
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from mxlbbsp import protocol as P  # noqa: E402
+from mxlbbsp.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
+
+SIZES = [16, 64, 256, 1024]
+
+
+# ---- the simulated workers (client processes) ---------------------------------------------
+
+class _Worker(asyncio.Protocol):
+    """One simulated worker's connection: records when each line arrives."""
+
+    def __init__(self, rank: int, group: "_Group"):
+        self.rank = rank
+        self.group = group
+        self.transport = None
+        self.buf = b""
+        self.line: Optional[bytes] = None     # the latest complete line
+        self.received = 0.0                   # when it arrived (perf_counter)
+        self.sent = 0.0                       # when the latest report was written
+
+    def connection_made(self, transport):
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes):
+        now = time.perf_counter()
+        self.buf += data
+        while True:
+            cut = self.buf.find(b"\n")
+            if cut < 0:
+                return
+            self.line, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
+            self.received = now
+            self.group.arrived()
+
+    def connection_lost(self, exc):
+        self.group.lost(self.rank)
+
+    def send(self, msg: dict) -> None:
+        self.transport.write(P.encode(msg))
+
+    def report(self, t: int, batch: int, compute_s: float, B: int) -> None:
+        self.send(P.report(t, batch, compute_s, 50.0, 30.0, 1.0, B))
+        self.sent = time.perf_counter()
+
+
+class _Group:
+    """The workers of one client process; ``wait()`` returns when each has one new line."""
+
+    def __init__(self):
+        self.pending = 0
+        self.event = asyncio.Event()
+        self.failed: Optional[str] = None
+
+    def expect(self, count: int) -> None:
+        self.pending = count
+        self.event.clear()
+
+    def arrived(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self.event.set()
+
+    def lost(self, rank: int) -> None:
+        if self.failed is None:
+            self.failed = f"worker {rank} lost its connection"
+        self.event.set()
+
+    async def wait(self, timeout: float = 60.0) -> None:
+        await asyncio.wait_for(self.event.wait(), timeout)
+        if self.failed and self.pending > 0:
+            raise RuntimeError(self.failed)
+
+
+def _speeds(rank: int, n: int, iterations: int, seed: int, B: int, compute_ms: float):
+    """Worker ``rank``'s true speed (samples/s) per iteration: a fixed speed class (1x to 3x),
+    a slow sinusoidal drift of +-20% with a phase of its own, and 3% noise. Scaled so that a
+    perfect split of B takes about ``compute_ms``."""
+    rng = np.random.default_rng([seed, rank])
+    base = 1.0 + 2.0 * ((rank * 0.6180339887) % 1.0)      # spread evenly over [1, 3)
+    mean_base = 2.0
+    scale = B / (compute_ms / 1000.0) / (n * mean_base)
+    t = np.arange(iterations + 1)
+    drift = 1.0 + 0.2 * np.sin(2 * np.pi * t / 80.0 + rng.uniform(0, 2 * np.pi))
+    noise = rng.normal(1.0, 0.03, size=t.shape).clip(0.8, 1.2)
+    return base * scale * drift * noise
+
+
+async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations: int,
+                  compute_ms: float, arrival: str, seed: int) -> dict:
+    loop = asyncio.get_running_loop()
+    group = _Group()
+    workers = []
+    for rank in ranks:
+        _, w = await loop.create_connection(lambda r=rank: _Worker(r, group), *addr)
+        workers.append(w)
+    speeds = {w.rank: _speeds(w.rank, n, iterations, seed, B, compute_ms) for w in workers}
+    group.expect(len(workers))
+    for w in workers:
+        hello = P.hello(w.rank, token, os.getpid(), "127.0.0.1", B, 100 * B, None)
+        hello["min_global_batch"] = B
+        w.send(hello)
+    await group.wait(120)
+    welcome = json.loads(workers[0].line)
+    if welcome["type"] != P.WELCOME:
+        raise RuntimeError(f"coordinator answered {welcome}")
+    sizes = welcome["allocation"]
+    last_sent, first_recv, last_recv = [], [], []
+    for t in range(iterations):
+        group.expect(len(workers))
+        compute = {w.rank: sizes[w.rank] / speeds[w.rank][t] for w in workers}
+        if arrival == "spread":
+            start = loop.time()
+            for w in workers:
+                loop.call_at(start + compute[w.rank], w.report, t, sizes[w.rank],
+                             compute[w.rank], B)
+        else:
+            for w in workers:
+                w.report(t, sizes[w.rank], compute[w.rank], B)
+        await group.wait()
+        last_sent.append(max(w.sent for w in workers))
+        first_recv.append(min(w.received for w in workers))
+        last_recv.append(max(w.received for w in workers))
+        line = workers[0].line
+        if any(w.line != line for w in workers):
+            raise RuntimeError(f"iteration {t}: the workers received different allocations")
+        msg = json.loads(line)
+        if msg["type"] != P.ALLOC or msg["iteration"] != t + 1:
+            raise RuntimeError(f"iteration {t}: expected alloc({t + 1}), got {line[:200]!r}")
+        sizes = msg["sizes"]
+        for w in workers:
+            w.send(P.done(t, 0.001, 0.001, compute[w.rank] + 0.002))
+    for w in workers:
+        w.send(P.bye())
+        w.transport.close()
+    return {"last_sent": last_sent, "first_recv": first_recv, "last_recv": last_recv,
+            "final_sizes": [sizes[r] for r in ranks]}
+
+
+def _client_process(addr, token, ranks, n, B, iterations, compute_ms, arrival, seed, conn,
+                    nice=0):
+    try:
+        if nice:
+            os.nice(nice)
+        conn.send(("ok", asyncio.run(_client(addr, token, ranks, n, B, iterations,
+                                             compute_ms, arrival, seed))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+# ---- one measurement ------------------------------------------------------------------------
+
+def _coordinator_thread() -> threading.Thread:
+    for th in threading.enumerate():
+        if th.name == "mxlbbsp-coordinator":
+            return th
+    raise RuntimeError("the coordinator thread is not running")
+
+
+def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float = 100.0,
+            processes: Optional[int] = None, skip: int = 5, seed: int = 0,
+            profile: bool = False, metrics: bool = True, instrument: bool = False,
+            predictor: Optional[str] = None, nice: int = 0) -> dict:
+    """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary."""
+    B = 64 * n
+    token = secrets.token_hex(16)
+    processes = processes or max(1, min(4, n // 128))
+    with tempfile.TemporaryDirectory() as tmp:
+        options = {"predictor": predictor} if predictor else {}
+        config = CoordinatorConfig(num_workers=n, token=token, sync="lbbsp",
+                                   metrics_path=os.path.join(tmp, "m.jsonl") if metrics
+                                   else None, **options)
+        coord = Coordinator(config)
+        spent = _instrument(coord) if instrument else None
+        addr = coord.start()
+        profiler = None
+        try:
+            cpu_clock = time.pthread_getcpuclockid(_coordinator_thread().ident)
+            if profile:
+                import cProfile
+                profiler = cProfile.Profile()
+                asyncio.run_coroutine_threadsafe(_call(profiler.enable), coord._loop).result()
+            ctx = mp.get_context("spawn")
+            chunks = np.array_split(np.arange(n), processes)
+            procs, pipes = [], []
+            for chunk in chunks:
+                parent, child = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_client_process, daemon=True, args=(
+                    addr, token, [int(r) for r in chunk], n, B, iterations, compute_ms,
+                    arrival, seed, child, nice))
+                proc.start()
+                child.close()
+                procs.append(proc)
+                pipes.append(parent)
+            # CPU of the coordinator thread against its progress, sampled every 5 ms
+            samples = []
+            deadline = time.monotonic() + 600
+            while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+                samples.append((coord.progress().iteration, time.clock_gettime(cpu_clock)))
+                if all(pipe.poll() for pipe in pipes):
+                    break
+                time.sleep(0.005)
+            results = []
+            for proc, pipe in zip(procs, pipes):
+                try:
+                    if not pipe.poll(60):
+                        raise EOFError
+                    status, payload = pipe.recv()
+                except EOFError:
+                    proc.join(5)
+                    raise RuntimeError(f"a client process ended without a result (exit code "
+                                       f"{proc.exitcode})") from None
+                if status != "ok":
+                    raise RuntimeError(f"client process failed: {payload}")
+                results.append(payload)
+                proc.join(10)
+            if profiler is not None:
+                asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
+            if coord.failure:
+                raise RuntimeError(f"coordinator failed: {coord.failure}")
+            server = np.array(coord.alloc_latency[max(skip - 1, 0):]) * 1000
+        finally:
+            coord.stop()
+    last_sent = np.max([r["last_sent"] for r in results], axis=0)
+    last_recv = np.max([r["last_recv"] for r in results], axis=0)
+    first_recv = np.min([r["first_recv"] for r in results], axis=0)
+    latency = ((last_recv - last_sent) * 1000)[skip:]
+    first = ((first_recv - last_sent) * 1000)[skip:]
+    it = np.array([s[0] for s in samples], dtype=float)
+    cpu = np.array([s[1] for s in samples])
+    use = it >= skip
+    cpu_per_it = float("nan")
+    if use.sum() >= 2 and it[use][-1] > it[use][0]:
+        cpu_per_it = 1000 * (cpu[use][-1] - cpu[use][0]) / (it[use][-1] - it[use][0])
+    out = {
+        "workers": n, "arrival": arrival, "iterations": iterations, "skip": skip,
+        "client_processes": processes, "global_batch": B, "compute_ms": compute_ms,
+        "latency_ms": _stats(latency), "first_alloc_ms": _stats(first),
+        "server_alloc_ms": _stats(server), "cpu_ms_per_iteration": cpu_per_it,
+        "latency_per_iteration_ms": [round(float(x), 3) for x in latency],
+        "final_sizes": [b for r in results for b in r["final_sizes"]],
+        "predictor": config.predictor,
+    }
+    if spent is not None:
+        out["breakdown_ms"] = _breakdown(spent, n, iterations, skip)
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        out["profile"] = text.getvalue()
+    return out
+
+
+async def _call(fn):
+    fn()
+
+
+#: what --profile's breakdown times inside the coordinator, per iteration (phase -> owner
+#: attribute, method): the critical path from the last report to the broadcast is
+#: on_iteration = predictor + allocate + broadcast + the rest of _on_iteration
+PHASES = {"on_report (all n)": (None, "_on_report"), "on_iteration": (None, "_on_iteration"),
+          "predictor observe+predict": ("_predictor", "observe"),
+          "predictor predict": ("_predictor", "predict"),
+          "allocate": ("_balancer", "allocate"), "broadcast": (None, "_broadcast"),
+          "on_done (all n)": (None, "_on_done"), "flush_records": (None, "_flush_records")}
+
+
+def _instrument(coord) -> Dict[str, List[float]]:
+    """Wrap the coordinator's phases with timers (diagnostics only: it patches the instance,
+    never the library). Returns phase -> list of seconds per call."""
+    spent: Dict[str, List[float]] = {k: [] for k in PHASES}
+    for phase, (owner, method) in PHASES.items():
+        target = coord if owner is None else getattr(coord, owner)
+        inner = getattr(target, method)
+
+        def timed(*a, _inner=inner, _log=spent[phase], **kw):
+            t0 = time.perf_counter()
+            try:
+                return _inner(*a, **kw)
+            finally:
+                _log.append(time.perf_counter() - t0)
+        setattr(target, method, timed)
+    return spent
+
+
+def _breakdown(spent: Dict[str, List[float]], n: int, iterations: int, skip: int) -> dict:
+    """Median milliseconds per iteration of each phase (per-message phases summed over the
+    n messages of an iteration)."""
+    out = {}
+    for phase, xs in spent.items():
+        xs = np.asarray(xs) * 1000
+        if phase.endswith("(all n)"):
+            per_it = xs[: (len(xs) // n) * n].reshape(-1, n).sum(axis=1)
+        elif phase == "broadcast":
+            per_it = xs[1:]                      # the first is the welcome
+        else:
+            per_it = xs
+        per_it = per_it[skip:]
+        out[phase] = float(np.median(per_it)) if per_it.size else float("nan")
+    # observe+predict were timed separately; report their sum under one name
+    out["predictor observe+predict"] += out.pop("predictor predict")
+    return out
+
+
+def _stats(xs) -> Dict[str, float]:
+    xs = np.asarray(xs, dtype=float)
+    if xs.size == 0:
+        return {"median": float("nan"), "p99": float("nan"), "max": float("nan")}
+    return {"median": float(np.median(xs)), "p99": float(np.percentile(xs, 99)),
+            "max": float(xs.max()), "mean": float(xs.mean())}
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+def main():
+    import _common as C
+    import _suite as S
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="60 iterations per size")
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    p.add_argument("--arrivals", default="spread,burst")
+    p.add_argument("--compute-ms", type=float, default=100.0,
+                   help="simulated compute per iteration (spread arrivals)")
+    p.add_argument("--processes", type=int, help="client processes (default: n/128, 1..4)")
+    p.add_argument("--profile", type=int, metavar="N", action="append", default=[],
+                   help="also profile the coordinator thread (cProfile) with N workers, burst")
+    p.add_argument("--client-smoke", action="store_true",
+                   help="4 workers, 5 iterations, print the result (no file written)")
+    args = p.parse_args()
+    if args.client_smoke:
+        print(json.dumps(measure(4, 5, arrival="burst", skip=1), indent=2))
+        return
+    iters = args.iterations or (60 if args.quick else 200)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    arrivals = [a.strip() for a in args.arrivals.split(",")]
+    name = "coordinator_scale" + ("_quick" if args.quick else "")
+    load_at_start = S.wait_for_quiet() if not args.quick else S.load()
+    results = []
+    for arrival in arrivals:
+        for n in sizes:
+            C.progress(f"{n} workers, {arrival} (load {S.load():.1f})")
+            r = measure(n, iters, arrival=arrival, compute_ms=args.compute_ms,
+                        processes=args.processes)
+            C.progress(f"  latency median {r['latency_ms']['median']:.2f} ms, p99 "
+                       f"{r['latency_ms']['p99']:.2f} ms; server "
+                       f"{r['server_alloc_ms']['median']:.2f} ms; CPU "
+                       f"{r['cpu_ms_per_iteration']:.2f} ms/iteration")
+            results.append(r)
+    profiles, breakdowns = {}, {}
+    for n in args.profile:
+        for arrival in arrivals:
+            C.progress(f"timing the coordinator's phases with {n} workers ({arrival})")
+            r = measure(n, min(iters, 100), arrival=arrival, compute_ms=args.compute_ms,
+                        processes=args.processes, instrument=True)
+            breakdowns[f"{n} {arrival}"] = r["breakdown_ms"]
+        C.progress(f"profiling the coordinator with {n} workers (burst, cProfile)")
+        r = measure(n, min(iters, 60), arrival="burst", compute_ms=args.compute_ms,
+                    processes=args.processes, profile=True)
+        profiles[str(n)] = r.pop("profile")
+        path = C.RESULTS / f"{name}_profile_{n}.txt"
+        path.write_text(profiles[str(n)])
+        C.progress(f"  written {path}")
+    rows = ["| workers | arrival | allocation latency median | p99 | max | first worker "
+            "served (median) | server-side alloc_latency median / p99 | coordinator CPU per "
+            "iteration |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lat, srv = r["latency_ms"], r["server_alloc_ms"]
+        rows.append(f"| {r['workers']} | {r['arrival']} | {lat['median']:.2f} ms | "
+                    f"**{lat['p99']:.2f} ms** | {lat['max']:.2f} ms | "
+                    f"{r['first_alloc_ms']['median']:.2f} ms | {srv['median']:.2f} / "
+                    f"{srv['p99']:.2f} ms | {r['cpu_ms_per_iteration']:.2f} ms |")
+    table = (
+        f"The real coordinator (lbbsp, default predictor and time model, metrics file on) "
+        f"with simulated workers over loopback TCP; {iters} iterations per size, first 5 left "
+        f"out; global batch 64 x n; workers in {{1, 2, 4}} client processes (n/128). "
+        f"'spread': each worker reports after its own simulated compute (~{args.compute_ms:g} "
+        f"ms per iteration, balanced by the coordinator, with drift and 3% noise); 'burst': "
+        f"all report at once.\n\n" + "\n".join(rows) +
+        "\n\nAllocation latency: from the moment the last report of an iteration is sent "
+        "until every worker has received its allocation for the next one. 'first worker "
+        "served': until the first worker has it. Server-side: Coordinator.alloc_latency, "
+        "from the last report's arrival to the allocation handed to every socket. CPU: the "
+        "coordinator thread's CPU time per iteration (reports, dones, prediction, balancing, "
+        "broadcast, metrics records)."
+        + (_breakdown_table(breakdowns) if breakdowns else "")
+        + (f"\n\ncProfile of the coordinator thread (burst, sorted by own time): "
+           f"{', '.join(f'[{n} workers]({name}_profile_{n}.txt)' for n in profiles)}"
+           if profiles else "")
+        + f"\n\nThis machine has 2 cores: the client processes share them with the "
+        f"coordinator, so for 1024 workers part of the latency is the clients' own reading. "
+        f"Load average at start: {load_at_start:.2f}.")
+    path = C.write(name, {"iterations": iters, "load_at_start": load_at_start,
+                          "predictor": results[0]["predictor"] if results else None,
+                          "results": results, "breakdown_ms": breakdowns}, table)
+    print(table)
+    print(f"\nwritten: {path}")
+
+
+def _breakdown_table(breakdowns: dict) -> str:
+    phases = list(next(iter(breakdowns.values())))
+    rows = ["| workers, arrival | " + " | ".join(phases) + " |",
+            "|---" * (len(phases) + 1) + "|"]
+    for key, b in breakdowns.items():
+        rows.append(f"| {key} | " + " | ".join(f"{b[p]:.2f}" for p in phases) + " |")
+    return ("\n\nWhere the coordinator's time goes (median ms per iteration, timers around "
+            "its methods in a separate run; 'on_iteration' is the critical path from the last "
+            "report to the broadcast, and contains the predictor, allocate and broadcast "
+            "columns; 'on_report' and 'on_done' are summed over the n messages):\n\n"
+            + "\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

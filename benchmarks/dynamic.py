@@ -1,0 +1,202 @@
+"""Dynamic heterogeneity: BSP and LB-BSP with each predictor (and the oracle) on slowdown
+traces that change over time, side by side.
+
+The script generates per-worker slowdown traces with a fixed seed and writes them as a CSV
+(``iteration,rank,slowdown``, a step function per rank) passed to every job with
+``--emulate-slowdown PATH``:
+
+* worker 0: steps -- the factor jumps between 1, 1.5, 2.5 and 3.5 after random dwell times;
+* worker 1: a slow drift -- 1 + 1.25 (1 - cos(2 pi t / P)), between 1 and 3.5;
+* worker 2: a slow random drift (smoothed random walk of the log factor, within [1, 3])
+  plus one step up and back down.
+
+Setting (EMULATED compute, as in static.py): 3 workers, a small MLP on synthetic data, 2 ms
+of emulated compute per sample (slept, no CPU), stretched by the trace's factor. Modes: BSP,
+LB-BSP with the ``narx``, ``ema``, ``last`` and ``ar`` predictors, and with the ``oracle``
+(which knows the next factor: the upper bound of prediction). Interleaved round by round
+(ABBA); each predictor's fraction of the oracle's throughput is taken per round, then the
+median.
+
+    python benchmarks/dynamic.py --quick    # 2 rounds x 120 iterations (~5 min)
+    python benchmarks/dynamic.py            # 3 rounds x 400 iterations (~25 min)
+"""
+import argparse
+import csv
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import _common as C
+import _suite as S
+from mxlbbsp import metrics as _metrics
+
+PREDICTORS = ["narx", "ema", "last", "ar", "oracle"]
+MODES = {"BSP": ("bsp", None), **{f"LB-BSP {p}": ("lbbsp", p) for p in PREDICTORS}}
+
+
+def make_trace(iterations: int, seed: int = 0):
+    """Per-rank factors for every iteration: a list of 3 lists (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    T = iterations
+    # worker 0: steps with random dwell times (T/12 to T/5 iterations, at least 10)
+    levels = [1.0, 1.5, 2.5, 3.5]
+    steps, level, t = [], 0, 0
+    while t < T:
+        dwell = max(10, int(rng.integers(T // 12, T // 5 + 1)))
+        steps += [levels[level]] * dwell
+        level = int(rng.choice([k for k in range(len(levels)) if k != level]))
+        t += dwell
+    steps = steps[:T]
+    # worker 1: one slow cosine drift over the run (period T, so it goes up and comes back)
+    period = max(T, 60)
+    drift = [1 + 1.25 * (1 - math.cos(2 * math.pi * t / period)) for t in range(T)]
+    # worker 2: a smoothed random walk of log(factor) within [0, log 3], and one step
+    walk, x, v = [], 0.3, 0.0
+    for t in range(T):
+        v = 0.95 * v + rng.normal(0, 0.01)
+        x = min(max(x + v, 0.0), math.log(3))
+        if x in (0.0, math.log(3)):
+            v = -v
+        walk.append(math.exp(x))
+    a, b = int(0.55 * T), int(0.7 * T)
+    walk = [w * (2.0 if a <= t < b else 1.0) for t, w in enumerate(walk)]
+    return [[round(f, 2) for f in series] for series in (steps, drift, walk)]
+
+
+def write_trace(factors, path: Path) -> int:
+    """The CSV trace: one row per rank whenever its factor changes. Returns the row count."""
+    rows = 0
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["iteration", "rank", "slowdown"])
+        for rank, series in enumerate(factors):
+            last = None
+            for t, f in enumerate(series):
+                if f != last:
+                    w.writerow([t, rank, f"{max(f, 1.0):g}"])
+                    rows += 1
+                    last = f
+    return rows
+
+
+def prediction_error(path: Path, skip: int = 5) -> float:
+    """Mean absolute percentage error of predicted_speed against speed (one step ahead)."""
+    errs = [abs(r["predicted_speed"] - r["speed"]) / r["speed"]
+            for r in _metrics.load(str(path))
+            if r["iteration"] >= skip and r.get("predicted_speed") and r["speed"] > 0]
+    return 100 * float(np.mean(errs)) if errs else float("nan")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="2 rounds x 120 iterations")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--batch-size", type=int, default=96)
+    p.add_argument("--emulate-compute", type=float, default=2.0, metavar="MS")
+    p.add_argument("--seed", type=int, default=1, help="seed of the generated traces")
+    p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=None,
+                   help="write the report figures (default: in full mode, not with --quick)")
+    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES))
+    args = p.parse_args()
+    rounds = args.rounds or (2 if args.quick else 3)
+    iters = args.iterations or (120 if args.quick else 400)
+    want_figures = (not args.quick) if args.figures is None else args.figures
+    modes = [m.strip() for m in args.modes.split(",")] if args.modes else list(MODES)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    name = "dynamic" + ("_quick" if args.quick else "")
+    load_at_start = S.wait_for_quiet() if not args.quick else S.load()
+
+    C.RESULTS.mkdir(parents=True, exist_ok=True)
+    trace = C.RESULTS / f"{name}_trace.csv"
+    factors = make_trace(iters, args.seed)
+    write_trace(factors, trace)
+    train = ["--model", "mlp", "--data", "synthetic", "--samples", "4096",
+             "--batch-size", str(args.batch_size), "--epochs", "1000",
+             "--iterations", str(iters), "--log-interval", "0"]
+    runs = {m: [] for m in modes}
+    paths = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for mode in S.order(modes, r):
+                sync, predictor = MODES[mode]
+                extra = ["--predictor", predictor] if predictor else []
+                path = Path(tmp) / f"{sync}-{predictor or 'equal'}-round{r + 1}.jsonl"
+                C.progress(f"round {r + 1}/{rounds}: {mode} (load {S.load():.1f})")
+                s = C.launch(3, train, path, sync=sync,
+                             launch_args=["--emulate-slowdown", str(trace),
+                                          "--emulate-compute", str(args.emulate_compute),
+                                          *extra])
+                s["mape"] = prediction_error(path)
+                runs[mode].append(s)
+                paths[mode].append(path)
+                C.progress(f"  {s['samples_per_s']:.1f} samples/s, wait "
+                           f"{100 * s['wait_share']:.1f}%, prediction error {s['mape']:.1f}%")
+        ref = "LB-BSP oracle" if "LB-BSP oracle" in modes else None
+        results = {}
+        for mode in modes:
+            tput = [s["samples_per_s"] for s in runs[mode]]
+            row = {"samples_per_s": C.median(tput), "per_round": tput,
+                   "wait_share": C.median([s["wait_share"] for s in runs[mode]]),
+                   "prediction_mape": C.median([s["mape"] for s in runs[mode]]),
+                   "runs": [S.summary_row(s) for s in runs[mode]]}
+            if ref:
+                fr = [a / o for a, o in zip(tput, [s["samples_per_s"] for s in runs[ref]])]
+                row["fraction_of_oracle"], row["fraction_per_round"] = C.median(fr), fr
+            if "BSP" in modes:
+                sp = [a / b for a, b in zip(tput, [s["samples_per_s"] for s in runs["BSP"]])]
+                row["speedup_over_bsp"], row["speedup_per_round"] = C.median(sp), sp
+            results[mode] = row
+        ideal = (C.median([S.ideal_speedup_over_time(q) for q in paths["BSP"]])
+                 if "BSP" in modes else None)
+        bsp_predictor = S.predictor_of(paths["BSP"][-1]) if "BSP" in modes else "-"
+        shown = [m for m in ("BSP", "LB-BSP narx", "LB-BSP oracle") if m in modes]
+        figures = S.figures({(MODES[m][1] or "bsp"): paths[m][-1] for m in shown},
+                            C.RESULTS / name) if shown and want_figures else None
+
+    head = ("| mode | samples/s | speedup over BSP | fraction of oracle | per round (fraction "
+            "of oracle) | wait | one-step prediction error (MAPE) |")
+    rows = [head, "|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        r = results[mode]
+        rows.append(
+            f"| {mode} | {r['samples_per_s']:.0f} | "
+            + (f"{r['speedup_over_bsp']:.2f}x" if "speedup_over_bsp" in r else "-") + " | "
+            + (f"**{100 * r['fraction_of_oracle']:.1f}%**" if "fraction_of_oracle" in r
+               else "-") + " | "
+            + (S.rounds_text([100 * x for x in r["fraction_per_round"]], ".1f")
+               if "fraction_of_oracle" in r else "-")
+            + f" | {100 * r['wait_share']:.0f}% | {r['prediction_mape']:.1f}% |")
+    table = (
+        f"Dynamic heterogeneity. 3 workers, MLP on synthetic data, global batch "
+        f"{args.batch_size}, **emulated compute** of {args.emulate_compute} ms per sample "
+        f"(slept, no CPU) stretched by a per-worker slowdown trace that changes over time "
+        f"(generated with seed {args.seed}: [{trace.name}]({trace.name}); worker 0 steps "
+        f"between 1, 1.5, 2.5 and 3.5, worker 1 drifts slowly between 1 and 3.5, worker 2 "
+        f"drifts randomly within [1, 3] with one 2x step). {iters} iterations per run, first 5 "
+        f"left out; {rounds} round(s), modes interleaved (ABBA). Values are medians over "
+        f"rounds; ratios are per-round ratios.\n\n" + "\n".join(rows) +
+        ("\n\nIdeal speedup over BSP on this trace (time-averaged sum(v)/(n min v) from the "
+         f"BSP runs' measured speeds): {ideal:.2f}x." if ideal else "") +
+        "\n\n'wait' = mean share of a worker's iteration spent waiting for the others. "
+        "Prediction error: mean |predicted - measured| / measured of each worker's speed one "
+        "iteration ahead, as recorded in the metrics (in BSP the coordinator still runs its "
+        f"default predictor, {bsp_predictor}, but does not use it)."
+        + (f"\n\nFigures (last round; BSP, NARX, oracle): [{figures}]({figures})"
+           if figures else "")
+        + f"\n\nLoad average at start: {load_at_start:.2f}.")
+    path = C.write(name, {"rounds": rounds, "iterations": iters, "batch_size": args.batch_size,
+                          "emulate_compute_ms": args.emulate_compute, "seed": args.seed,
+                          "trace": trace.name, "ideal_speedup": ideal,
+                          "load_at_start": load_at_start, "figures": figures,
+                          "results": results}, table)
+    print(table)
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()
