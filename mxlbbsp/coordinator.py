@@ -124,8 +124,8 @@ class Coordinator:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = loop.run_until_complete(asyncio.start_server(
-                    self._serve, self.config.host, self.config.port, limit=P.MAX_LINE,
+                self._server = loop.run_until_complete(loop.create_server(
+                    lambda: _Connection(self), self.config.host, self.config.port,
                     backlog=4096))
                 self.address = self._server.sockets[0].getsockname()[:2]
             except OSError as exc:
@@ -152,8 +152,8 @@ class Coordinator:
         if loop is not None and loop.is_running():
             async def shutdown():
                 self._server.close()
-                for w in list(self._writers.values()):
-                    w.close()
+                for transport in list(self._writers.values()):
+                    transport.close()
             fut = asyncio.run_coroutine_threadsafe(shutdown(), loop)
             try:
                 fut.result(timeout=5)
@@ -177,11 +177,12 @@ class Coordinator:
         count, samples, compute, wait, it = self._totals.sum(axis=0)
         if count == 0:
             return None
-        iterations = int(count // self.config.num_workers)
-        seconds = self._totals[:, 4].max()   # the workers' iteration times add up alike
-        return {"iterations": iterations, "samples": int(samples),
-                "samples_per_s": samples / seconds if seconds > 0 else 0.0,
-                "wait_share": wait / it if it > 0 else 0.0}
+        # As mxlbbsp.metrics.summarize: each worker's samples over its own time, added up
+        # (the same as B / iteration time when synchronous; right for ASP too).
+        per_rank = self._totals[:, 4] > 0
+        rate = float(np.sum(self._totals[per_rank, 1] / self._totals[per_rank, 4]))
+        return {"iterations": int(self._totals[:, 0].max()), "samples": int(samples),
+                "samples_per_s": rate, "wait_share": wait / it if it > 0 else 0.0}
 
     def progress(self) -> Progress:
         recent = self._recent[-20:]
@@ -193,47 +194,50 @@ class Coordinator:
 
     # ---- connections ----------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        rank = None
+    def _on_line(self, conn: "_Connection", line: bytes) -> bool:
+        """One message of a connection; False when the connection is done with."""
+        rank = conn.rank
         try:
-            try:
-                first = P.decode(await asyncio.wait_for(reader.readline(), timeout=30))
-            except (asyncio.TimeoutError, P.ProtocolError, ValueError):
-                return
-            if first["type"] != P.HELLO or not P.token_ok(first, self.config.token):
-                log.warning("refused a connection from %s: bad hello or token",
-                            writer.get_extra_info("peername"))
-                return
-            rank = self._on_hello(first, writer)
+            msg = P.decode(line)
+            kind = msg["type"]
             if rank is None:
-                return
-            while True:
-                line = await reader.readline()
-                if not line:
-                    break
-                msg = P.decode(line)
-                kind = msg["type"]
-                if kind == P.REPORT:
-                    self._on_report(rank, msg)
-                elif kind == P.DONE:
-                    self._on_done(rank, msg)
-                elif kind == P.BYE:
-                    self._byes.add(rank)
-                    if len(self._byes) == self.config.num_workers:
-                        self._flush_records(final=True)
-                        self.finished.set()
-                else:
-                    raise P.ProtocolError(f"unexpected message {kind!r}")
+                if kind != P.HELLO or not P.token_ok(msg, self.config.token):
+                    log.warning("refused a connection from %s: bad hello or token",
+                                conn.transport.get_extra_info("peername"))
+                    conn.transport.close()
+                    return False
+                conn.rank = self._on_hello(msg, conn.transport)
+                if conn.rank is None:
+                    conn.transport.close()
+                    return False
+            elif kind == P.REPORT:
+                self._on_report(rank, msg)
+            elif kind == P.DONE:
+                self._on_done(rank, msg)
+            elif kind == P.BYE:
+                self._byes.add(rank)
+                if len(self._byes) == self.config.num_workers:
+                    self._flush_records(final=True)
+                    self.finished.set()
+            else:
+                raise P.ProtocolError(f"unexpected message {kind!r}")
         except (P.ProtocolError, ValueError, KeyError, TypeError) as exc:
-            self._fail(f"worker {rank}: protocol error: {exc}")
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            if rank is not None and rank not in self._byes and self.failure is None \
-                    and self._writers.get(rank) is writer:
-                self._fail(f"worker {rank} lost its connection to the coordinator before it "
-                           "finished", fatal_for_workers=False)
-            writer.close()
+            self._reject(conn, str(exc))
+            return False
+        return True
+
+    def _reject(self, conn: "_Connection", reason: str) -> None:
+        """A malformed message: a registered worker's is a job failure; close either way."""
+        if conn.rank is not None:
+            self._fail(f"worker {conn.rank}: protocol error: {reason}")
+        conn.transport.close()
+
+    def _on_lost(self, conn: "_Connection") -> None:
+        rank = conn.rank
+        if rank is not None and rank not in self._byes and self.failure is None \
+                and self._writers.get(rank) is conn.transport:
+            self._fail(f"worker {rank} lost its connection to the coordinator before it "
+                       "finished", fatal_for_workers=False)
 
     def _send(self, rank: int, msg: dict) -> None:
         w = self._writers.get(rank)
@@ -321,21 +325,17 @@ class Coordinator:
 
     def _on_report(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])
-        batch = int(msg["batch_size"])
+        batch = msg["batch_size"]
         compute = msg.get("compute_s")
-        if batch < 1 or compute is None or not compute > 0:
+        if not isinstance(batch, int) or batch < 1 or compute is None or not compute > 0:
             raise P.ProtocolError(f"report of iteration {t} has batch_size={batch}, "
                                   f"compute_s={compute}")
+        msg["time"] = time.time()
+        # The metrics record is built when it is written (_flush_records): nothing on the
+        # path from the last report to the broadcast that need not be there.
+        self._records.setdefault((t, rank), {})["report"] = msg
         reports = self._reports.setdefault(t, {})
         reports[rank] = msg
-        rec = self._records.setdefault((t, rank), {})
-        rec.update({
-            "iteration": t, "rank": rank, "host": self._hellos[rank].get("host"),
-            "batch_size": batch, "compute_s": compute, "speed": batch / compute,
-            "cpu_percent": msg.get("cpu_percent"), "mem_percent": msg.get("mem_percent"),
-            "slowdown": msg.get("slowdown", 1.0), "sync": self.config.sync,
-            "predictor": self.config.predictor, "time": time.time(),
-        })
         if len(reports) == self.config.num_workers:
             self._on_iteration(t, reports)
             del self._reports[t]
@@ -388,55 +388,117 @@ class Coordinator:
         self._sizes = np.asarray(sizes)
         # What the predictor expects each worker's observed speed to be at t+1.
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
+        self._predictor.learn()     # training, after the broadcast: off the critical path
 
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])
-        rec = self._records.setdefault((t, rank), {})
-        rec.update({"wait_s": msg.get("wait_s"), "sync_s": msg.get("sync_s"),
-                    "iteration_s": msg.get("iteration_s")})
+        self._records.setdefault((t, rank), {})["done"] = msg
         count = self._done_count.get(t, 0) + 1
-        if count == self.config.num_workers:
-            self._done_count.pop(t, None)
-            if t > self._iteration:
-                self._iteration = t
-                self._samples += sum(int(self._records.get((t, r), {}).get("batch_size", 0))
-                                     for r in range(self.config.num_workers))
-                now = time.monotonic()
-                self._last_change = now
-                self._recent.append((now, self._samples))
-                del self._recent[:-50]
-            self._flush_records()
-        else:
+        if count < self.config.num_workers:
             self._done_count[t] = count
+            return
+        self._done_count.pop(t, None)
+        if t > self._iteration:
+            self._iteration = t
+            self._samples += sum(self._records.get((t, r), {}).get("report", {}).get(
+                "batch_size", 0) for r in range(self.config.num_workers))
+            now = time.monotonic()
+            self._last_change = now
+            self._recent.append((now, self._samples))
+            del self._recent[:-50]
+        self._flush_records()
+
+    def _record(self, t: int, rank: int, report: dict, done: Optional[dict]) -> dict:
+        """The metrics record of worker ``rank`` at iteration ``t`` (fields: mxlbbsp.metrics)."""
+        batch, compute = report["batch_size"], report["compute_s"]
+        done = done or {}
+        predicted = self._predicted.get(t)
+        return {
+            "iteration": t, "rank": rank, "host": self._hellos[rank].get("host"),
+            "batch_size": batch, "compute_s": compute, "speed": batch / compute,
+            "cpu_percent": report.get("cpu_percent"), "mem_percent": report.get("mem_percent"),
+            "slowdown": report.get("slowdown", 1.0), "sync": self.config.sync,
+            "predictor": self.config.predictor, "time": report["time"],
+            # Looked up now, not when the report came: a worker's report of t+1 can arrive
+            # before the last report of t (ASP, or lines buffered on one connection).
+            "predicted_speed": None if predicted is None else _num(predicted[rank]),
+            "wait_s": done.get("wait_s"), "sync_s": done.get("sync_s"),
+            "iteration_s": done.get("iteration_s"),
+            "fallbacks": int(self._predictor.fallbacks[rank]),
+        }
 
     def _flush_records(self, final: bool = False) -> None:
         """Write every complete record (all of them at the end) in (iteration, rank) order."""
         # Only iterations every worker has finished: the file stays in (iteration, rank)
         # order even though the workers' messages arrive on separate connections.
         ready = sorted(k for k, r in self._records.items()
-                       if final or (k[0] <= self._iteration and "wait_s" in r and "speed" in r))
-        for key in ready:
-            rec = self._records.pop(key)
-            if "speed" not in rec:
+                       if final or (k[0] <= self._iteration and "done" in r and "report" in r))
+        lines = []
+        for t, rank in ready:
+            parts = self._records.pop((t, rank))
+            if "report" not in parts:
                 continue
-            rec.setdefault("wait_s", None)
-            # Looked up now, not when the report came: a worker's report of t+1 can arrive
-            # before the last report of t (ASP, or lines buffered on one connection).
-            predicted = self._predicted.get(rec["iteration"])
-            rec["predicted_speed"] = None if predicted is None else _num(predicted[rec["rank"]])
-            rec["fallbacks"] = int(self._predictor.fallbacks[rec["rank"]])
-            if rec.get("wait_s") is not None and rec.get("iteration_s") is not None:
-                self._totals[rec["rank"]] += (1, rec["batch_size"], rec["compute_s"],
-                                              rec["wait_s"], rec["iteration_s"])
-            if self.config.metrics_path:
-                if self._metrics is None:
-                    # Opened at the first record, so that a job rejected at registration
-                    # leaves an earlier metrics file untouched.
-                    self._metrics = open(self.config.metrics_path, "w", buffering=1)
-                self._metrics.write(json.dumps(rec, allow_nan=False) + "\n")
+            rec = self._record(t, rank, parts["report"], parts.get("done"))
+            if rec["wait_s"] is not None and rec["iteration_s"] is not None:
+                self._totals[rank] += (1, rec["batch_size"], rec["compute_s"], rec["wait_s"],
+                                       rec["iteration_s"])
+            lines.append(json.dumps(rec, allow_nan=False))
+        if lines and self.config.metrics_path:
+            if self._metrics is None:
+                # Opened at the first record, so that a job rejected at registration leaves
+                # an earlier metrics file untouched.
+                self._metrics = open(self.config.metrics_path, "w")
+            self._metrics.write("\n".join(lines) + "\n")
+            self._metrics.flush()
         pending = {t for t, _ in self._records}
         for t in [t for t in self._predicted if t <= self._iteration and t not in pending]:
             del self._predicted[t]
+
+
+class _Connection(asyncio.Protocol):
+    """One worker's connection: its lines go to the coordinator as they arrive.
+
+    A protocol rather than a stream reader: no coroutine resumes per message, which is most
+    of the cost when hundreds of workers report at the same moment.
+    """
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+        self.transport: Optional[asyncio.Transport] = None
+        self.rank: Optional[int] = None          # set by a valid hello
+        self._buffer = bytearray()
+        self._hello_timer = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self._hello_timer = asyncio.get_running_loop().call_later(30, self._no_hello)
+
+    def _no_hello(self) -> None:
+        if self.rank is None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line = bytes(buffer[start:end])
+            start = end + 1
+            if not self.coordinator._on_line(self, line):
+                buffer.clear()
+                return
+        del buffer[:start]
+        if len(buffer) > P.MAX_LINE:
+            buffer.clear()
+            self.coordinator._reject(self, "message too long")
+
+    def connection_lost(self, exc) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.coordinator._on_lost(self)
 
 
 def _nan(x) -> float:

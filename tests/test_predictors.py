@@ -157,3 +157,18 @@ def test_ar_warmup_and_vectorised():
     np.testing.assert_array_equal(f[1:11], y[:10])          # warm-up: last value
     alone, _ = replay("ar", y[:, 1:], x[:, 1:])
     np.testing.assert_allclose(f[:, 1], alone[:, 0], rtol=1e-9)
+
+
+def test_narx_forecasts_do_not_depend_on_when_learn_is_called():
+    """The coordinator trains after it has sent the allocation; trace replay never calls
+    learn(): both must see the same forecasts."""
+    rng = np.random.default_rng(3)
+    speeds = 100 + 10 * rng.standard_normal((80, 3))
+    exog = rng.uniform(0, 100, (80, 3, 2))
+    eager, lazy = predictors.create("narx", 3), predictors.create("narx", 3)
+    for y, x in zip(speeds, exog):
+        eager.observe(y, x)
+        eager.learn()
+        lazy.observe(y, x)
+        np.testing.assert_allclose(eager.predict(), lazy.predict(), rtol=1e-12)
+    assert eager._count > eager.warmup    # the network, not the warm-up, made the forecasts

@@ -41,6 +41,14 @@ class Predictor(abc.ABC):
     def predict(self) -> np.ndarray:
         """Forecast of each worker's speed at t+1, shape (n,)."""
 
+    def learn(self) -> None:
+        """Work that may wait until the forecast has been used (e.g. a training step).
+
+        The coordinator calls it after it has sent the allocation, so that training is off
+        the path from the last report to the broadcast. A predictor must give the same
+        forecasts whether or not its caller calls it (the next ``observe`` does what is left).
+        """
+
     def _check(self, speed, exog):
         speed = np.asarray(speed, dtype=float).reshape(self.num_workers)
         exog = np.asarray(exog, dtype=float).reshape(self.num_workers, -1)

@@ -152,6 +152,7 @@ class NARX(Predictor):
         self._ok = np.zeros((self.window, n), dtype=bool)
         self._pairs = 0                            # pairs ever stored (slot = pairs % window)
         self._count = 0                            # observations so far
+        self._pending = 0                          # training steps owed (see learn())
         # running mean absolute relative error of the network and of the last value
         self._err = np.zeros((n, 2))
         self._net = np.full(n, np.nan)             # the network's last forecast
@@ -179,9 +180,18 @@ class NARX(Predictor):
     def predict(self) -> np.ndarray:
         return self._forecast.copy()
 
+    def learn(self) -> None:
+        """The training step(s) of the last observation; the forecast came from the
+        parameters before them, so running them now or at the next observe is the same."""
+        steps, self._pending = self._pending, 0
+        with np.errstate(all="ignore"):
+            for _ in range(steps):
+                self._step()
+
     # ---- internals -----------------------------------------------------------------------
 
     def _observe(self, speed, exog) -> None:
+        self.learn()                               # the previous observation's training
         E, D, d_y = self.num_exog, self._D, self.d_y
         last = self._z[:, 0]
         good = np.isfinite(speed) & (speed > 0)
@@ -206,9 +216,8 @@ class NARX(Predictor):
             z[:, d_y + E:] = self._z[:, d_y:D - E]
         self._z = z
         self._count += 1
-        r = self._step(train=self.steps > 0)
-        for _ in range(self.steps - 1):
-            self._step()
+        r = self._step(train=False)                # the forecast: parameters before training
+        self._pending = self.steps
         self._forecast = self._predict(y, r)
 
     def _score(self, speed, good, last) -> None:
