@@ -14,7 +14,7 @@ package in a process whose DMLC_ROLE is server never starts a parameter server b
 """
 __version__ = "0.1.0"
 
-__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "__version__"]
+__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "untimed", "__version__"]
 
 
 
@@ -28,6 +28,19 @@ def num_workers() -> int:
     """The number of workers of the job (1 in a single process)."""
     from . import _env
     return _env.num_workers() if _env.coordinator() is not None else 1
+
+
+def untimed():
+    """A context manager: work inside is not counted as this worker's compute time.
+
+    Use it for work between training steps that does not grow with the batch, such as
+    rank 0 evaluating or checkpointing; otherwise the coordinator takes that worker for a
+    slow one and gives it fewer samples. A no-op outside a job.
+    """
+    import contextlib
+    from . import session
+    current = session.current()
+    return current.untimed() if current is not None else contextlib.nullcontext()
 
 
 _LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}

@@ -22,6 +22,7 @@ No framework import here: the caller waits for MXNet's asynchronous engine befor
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -116,6 +117,7 @@ class Session:
         self._t_end = None                # when the previous step ended
         self._t_ready = None              # when this iteration's gradients were ready
         self._alloc_wait = 0.0
+        self._untimed = 0.0               # seconds inside untimed() since the last step
         self._compute = 0.0
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
         addr = _env.coordinator(env)
@@ -252,10 +254,21 @@ class Session:
 
     # ---- measurements -------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def untimed(self):
+        """Time spent inside is not this worker's compute (e.g. rank 0 evaluating): the
+        coordinator would otherwise take the worker for slower than it is."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._untimed += time.perf_counter() - start
+
     def gradients_ready(self) -> None:
         """Call once the gradients of this iteration are computed (engine synchronised)."""
         now = time.perf_counter()
-        compute = max(now - self._t_end - self._alloc_wait, 1e-9)
+        compute = max(now - self._t_end - self._alloc_wait - self._untimed, 1e-9)
+        self._untimed = 0.0
         # Experiments: an emulated per-sample cost (a heavier model without using the CPU),
         # then the worker's slowdown factor stretches the whole compute phase.
         extra = self.sample_cost * self.batch_local

@@ -221,3 +221,21 @@ def test_records_get_their_prediction_whatever_order_the_reports_arrive_in(coord
     last = [r for r in rows if r["iteration"] == 2]
     assert all(r["predicted_speed"] is not None for r in last), last
     assert last[0]["predicted_speed"] == pytest.approx(2 * last[1]["predicted_speed"], rel=0.3)
+
+
+def test_untimed_work_is_not_compute(coordinator, tmp_path):
+    c = coordinator(1, predictor="last")
+    s = Session(8, 80, 8, None, env=env_for(c, 0, 1))
+    for t in range(3):
+        s.next_iteration(8)
+        if t == 1:
+            with s.untimed():
+                threading.Event().wait(0.3)     # e.g. an evaluation between steps
+        s.gradients_ready()
+        s.step_done()
+    s.close()
+    assert c.finished.wait(5)
+    c.stop()
+    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    assert rows[1]["compute_s"] < 0.1
+    assert rows[1]["iteration_s"] >= 0.3        # the wall time still shows it
