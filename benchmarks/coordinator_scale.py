@@ -10,12 +10,16 @@ Each one says ``hello`` with the job's token, then per iteration t
 
 Every worker has a speed of its own (heterogeneous, drifting slowly, with noise), reports
 ``compute_s = b_i / v_i`` for the batch it was given, so the balancer really rebalances.
-Two arrival patterns of the reports:
+Three arrival patterns of the reports:
 
 * ``spread``: each worker sleeps its simulated compute time (about ``--compute-ms``, with the
   spread that imperfect balancing leaves) before it reports -- as in a real job;
-* ``burst``: every worker reports at once -- the worst case for the coordinator, which must
-  read all n reports before it can answer.
+* ``burst``: after the iteration's compute (the slowest worker's time), every worker reports
+  at the same instant -- perfect balancing, the worst case of a real job: the coordinator must
+  read all n reports before it can answer;
+* ``flood``: no compute at all: each worker sends done(t) and report(t+1) back to back, so the
+  coordinator's handling of the dones and the metrics records of t also falls inside the
+  latency window. A stress test of its throughput; a real iteration is never this short.
 
 Measured per iteration: the **allocation latency**, from the moment the last report of
 iteration t is sent (client clock) until every worker has received alloc(t+1) (the last
@@ -160,7 +164,7 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
     welcome = json.loads(workers[0].line)
     if welcome["type"] != P.WELCOME:
         raise RuntimeError(f"coordinator answered {welcome}")
-    sizes = welcome["allocation"]
+    sizes = dict(enumerate(welcome["allocation"]))      # rank -> its batch size
     last_sent, first_recv, last_recv = [], [], []
     for t in range(iterations):
         group.expect(len(workers))
@@ -170,20 +174,24 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
             for w in workers:
                 loop.call_at(start + compute[w.rank], w.report, t, sizes[w.rank],
                              compute[w.rank], B)
-        else:
+        elif arrival == "burst":
+            await asyncio.sleep(max(compute.values()))
+            for w in workers:
+                w.report(t, sizes[w.rank], compute[w.rank], B)
+        else:                                   # flood
             for w in workers:
                 w.report(t, sizes[w.rank], compute[w.rank], B)
         await group.wait()
         last_sent.append(max(w.sent for w in workers))
         first_recv.append(min(w.received for w in workers))
         last_recv.append(max(w.received for w in workers))
-        line = workers[0].line
-        if any(w.line != line for w in workers):
-            raise RuntimeError(f"iteration {t}: the workers received different allocations")
-        msg = json.loads(line)
-        if msg["type"] != P.ALLOC or msg["iteration"] != t + 1:
-            raise RuntimeError(f"iteration {t}: expected alloc({t + 1}), got {line[:200]!r}")
-        sizes = msg["sizes"]
+        for w in workers:            # one message per worker: its own slice
+            msg = json.loads(w.line)
+            if msg["type"] != P.ALLOC or msg["iteration"] != t + 1 or msg["total"] != B \
+                    or msg["size"] < 1:
+                raise RuntimeError(f"iteration {t}: expected alloc({t + 1}) of {B} samples, got "
+                                   f"{w.line[:200]!r}")
+            sizes[w.rank] = msg["size"]
         for w in workers:
             w.send(P.done(t, 0.001, 0.001, compute[w.rank] + 0.002))
     for w in workers:
@@ -376,7 +384,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="60 iterations per size")
     p.add_argument("--iterations", type=int)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    p.add_argument("--arrivals", default="spread,burst")
+    p.add_argument("--arrivals", default="spread,burst,flood")
     p.add_argument("--compute-ms", type=float, default=100.0,
                    help="simulated compute per iteration (spread arrivals)")
     p.add_argument("--processes", type=int, help="client processes (default: n/128, 1..4)")
@@ -433,7 +441,10 @@ def main():
         f"out; global batch 64 x n; workers in {{1, 2, 4}} client processes (n/128). "
         f"'spread': each worker reports after its own simulated compute (~{args.compute_ms:g} "
         f"ms per iteration, balanced by the coordinator, with drift and 3% noise); 'burst': "
-        f"all report at once.\n\n" + "\n".join(rows) +
+        f"after the slowest worker's compute, all report at the same instant (perfect "
+        f"balancing: the worst case of a real job); 'flood': no compute, done(t) and "
+        f"report(t+1) back to back (a throughput stress test: the dones and metrics of t fall "
+        f"inside the latency window).\n\n" + "\n".join(rows) +
         "\n\nAllocation latency: from the moment the last report of an iteration is sent "
         "until every worker has received its allocation for the next one. 'first worker "
         "served': until the first worker has it. Server-side: Coordinator.alloc_latency, "

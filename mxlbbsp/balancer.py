@@ -135,15 +135,59 @@ def equal_split(total: int, n: int) -> np.ndarray:
     return np.array([base + (1 if i < extra else 0) for i in range(n)], dtype=np.int64)
 
 
+class Slice(NamedTuple):
+    """One worker's part of a global batch: samples [offset, offset + size) of ``total``."""
+
+    offset: int
+    size: int
+    total: int
+
+
+def slice_of(sizes: Sequence[int], rank: int) -> Slice:
+    """Worker ``rank``'s slice of an allocation (the sizes of all workers, in rank order)."""
+    sizes = [int(b) for b in sizes]
+    return Slice(sum(sizes[:rank]), sizes[rank], sum(sizes))
+
+
+def _boundary(i: int, start: int, n: int, old_total: int, new_total: int) -> int:
+    """Where worker i's slice starts once a split of ``old_total`` (in which it started at
+    ``start``) is scaled to ``new_total``: every worker has one sample, and the samples above
+    that are shared in the old proportions. Integer arithmetic, rounding half up: worker i-1
+    computes the same number as its end, so the scaled slices tile the new batch exactly."""
+    if new_total < n:
+        raise AllocationError(f"cannot split a global batch of {new_total} among {n} workers "
+                              "with at least one sample each")
+    extra_old, extra_new = old_total - n, new_total - n
+    if extra_old <= 0:                      # one sample each: no proportions to keep
+        base, rest = divmod(new_total, n)
+        return i * base + min(i, rest)
+    return i + ((start - i) * extra_new * 2 + extra_old) // (2 * extra_old)
+
+
+def rescale_slice(piece: Slice, rank: int, n: int, total: int) -> Slice:
+    """``piece`` (worker ``rank``'s slice, one of n) scaled to a global batch of ``total``,
+    from this worker's slice alone: what :func:`rescale` gives the whole allocation."""
+    if piece.total == total:
+        return piece
+    start = _boundary(rank, piece.offset, n, piece.total, total)
+    end = _boundary(rank + 1, piece.offset + piece.size, n, piece.total, total)
+    return Slice(start, end - start, total)
+
+
 def rescale(sizes: Sequence[int], total: int) -> np.ndarray:
     """Scale an allocation to another global batch size, keeping its proportions.
 
-    Used for a short last batch of an epoch. Deterministic, so every worker computes the same.
+    Used for a short last batch of an epoch. Deterministic, and the same as every worker
+    computes for itself with :func:`rescale_slice`.
     """
     sizes = np.asarray(sizes, dtype=np.int64)
-    if int(sizes.sum()) == total:
+    old = int(sizes.sum())
+    if old == total:
         return sizes
-    return allocate(TimeModel.linear(np.maximum(sizes, 1).astype(float)), total, lower=1)
+    n = len(sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    bounds = [_boundary(i, int(starts[i]), n, old, total) for i in range(n + 1)]
+    return np.diff(bounds).astype(np.int64)
 
 
 class Balancer:

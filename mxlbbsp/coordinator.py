@@ -250,6 +250,17 @@ class Coordinator:
             if not w.is_closing():
                 w.write(data)
 
+    def _send_allocation(self, iteration: int, sizes) -> None:
+        """Every worker its own slice of the global batch (O(n) bytes in all)."""
+        total = int(sum(sizes))
+        offset = 0
+        for rank, size in enumerate(sizes):
+            size = int(size)
+            w = self._writers.get(rank)
+            if w is not None and not w.is_closing():
+                w.write(P.alloc_line(iteration, offset, size, total))
+            offset += size
+
     def _fail(self, message: str, fatal_for_workers: bool = True, kind: str = "runtime") -> None:
         if self.failure is None:
             self.failure = message
@@ -352,7 +363,7 @@ class Coordinator:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             if next_B is not None and self.config.sync == "lbbsp":
                 self._sizes = _bal.rescale(self._sizes, next_B)
-                self._broadcast(P.alloc(t + 1, self._sizes))
+                self._send_allocation(t + 1, self._sizes)
             return
         affine = self.config.time_model == "affine"
         if affine:
@@ -381,7 +392,7 @@ class Coordinator:
             except _bal.AllocationError as exc:
                 self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
                 return
-            self._broadcast(P.alloc(t + 1, sizes))
+            self._send_allocation(t + 1, sizes)
             self.alloc_latency.append(time.perf_counter() - started)
         else:
             sizes = _bal.equal_split(next_B, n)

@@ -142,25 +142,23 @@ class DataLoader:
         """Prefetch global batch ``batch`` at ``t_next`` as soon as its split is known."""
         start, size = batch
 
-        def indices(sizes):
-            offset = int(sizes[: sess.rank].sum())
-            return order[start + offset:start + offset + int(sizes[sess.rank])]
+        def indices(piece):
+            return order[start + piece.offset:start + piece.offset + piece.size]
 
         with self._lock:
-            self._expect = (t_next, size, indices)
-        sizes = sess.sizes(t_next, size, block=False)
-        if sizes is not None:
-            self._on_allocation(t_next, sizes)
+            self._expect = (t_next, size, indices, sess)
+        piece = sess.slice(t_next, size, block=False)
+        if piece is not None:
+            self._on_allocation(t_next, piece)
 
-    def _on_allocation(self, t: int, sizes) -> None:
+    def _on_allocation(self, t: int, piece) -> None:
         with self._lock:
             if self._expect is None or self._expect[0] != t or t in self._pending:
                 return
-            _, size, indices = self._expect
+            _, size, indices, sess = self._expect
             self._expect = None
-            if int(np.sum(sizes)) != size:
-                sizes = _bal.rescale(sizes, size)
-            self._pending[t] = self._submit(indices(sizes))
+            piece = _bal.rescale_slice(piece, sess.rank, sess.num_workers, size)
+            self._pending[t] = self._submit(indices(piece))
 
     def _submit(self, indices):
         samples = [int(i) for i in indices]

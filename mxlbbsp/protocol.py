@@ -12,7 +12,10 @@ worker -> coordinator
 coordinator -> worker
     welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
                                               iteration 0
-    alloc   {iteration, sizes}        the batch sizes of all workers at ``iteration``
+    alloc   {iteration, offset, size, total}   this worker's slice of the global batch at
+                                      ``iteration``: samples [offset, offset + size) of total.
+                                      One message per worker, so a broadcast to n workers is
+                                      O(n) bytes, not O(n^2)
     error   {message}                 fatal; the worker stops with this message
 
 No framework imports; stdlib only.
@@ -88,8 +91,15 @@ def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str,
             "allocation": [int(b) for b in allocation]}
 
 
-def alloc(iteration: int, sizes: Sequence[int]) -> Dict[str, Any]:
-    return {"type": ALLOC, "iteration": iteration, "sizes": [int(b) for b in sizes]}
+def alloc(iteration: int, offset: int, size: int, total: int) -> Dict[str, Any]:
+    return {"type": ALLOC, "iteration": iteration, "offset": offset, "size": size,
+            "total": total}
+
+
+def alloc_line(iteration: int, offset: int, size: int, total: int) -> bytes:
+    """``encode(alloc(...))``, without json: the coordinator writes n of these at once."""
+    return b'{"type":"alloc","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
+        iteration, offset, size, total)
 
 
 def error(message: str) -> Dict[str, Any]:

@@ -30,7 +30,6 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 
 from . import _env
 from . import balancer as _bal
@@ -107,11 +106,11 @@ class Session:
         self.iteration = -1
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
-        self._alloc: Dict[int, np.ndarray] = {}
+        self._alloc: Dict[int, _bal.Slice] = {}
         self._cond = threading.Condition()
         self._failure: Optional[str] = None
         self._lost = False
-        self._listeners: List[Callable[[int, np.ndarray], None]] = []
+        self._listeners: List[Callable[[int, _bal.Slice], None]] = []
         self._sock: Optional[socket.socket] = None
         self._send_lock = threading.Lock()
         self._t_end = None                # when the previous step ended
@@ -124,7 +123,7 @@ class Session:
         if addr is None:
             self.num_workers = 1
             self.rank = 0
-            self._initial = np.array([self.global_batch_size])
+            self._initial = _bal.Slice(0, self.global_batch_size, self.global_batch_size)
             return
         self.num_workers = _env.num_workers(env)
         self._connect(addr, _env.token(env), dataset_size, min_global_batch, max_batch_size)
@@ -163,7 +162,7 @@ class Session:
         if welcome["type"] != P.WELCOME:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
-        self._initial = np.asarray(welcome["allocation"], dtype=np.int64)
+        self._initial = _bal.slice_of(welcome["allocation"], self.rank)
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
 
     def _read(self) -> Optional[dict]:
@@ -177,18 +176,18 @@ class Session:
                 if msg is None:
                     break
                 if msg["type"] == P.ALLOC:
-                    sizes = np.asarray(msg["sizes"], dtype=np.int64)
+                    piece = _bal.Slice(int(msg["offset"]), int(msg["size"]), int(msg["total"]))
                     t = int(msg["iteration"])
                     with self._cond:
-                        self._alloc[t] = sizes
+                        self._alloc[t] = piece
                         self._cond.notify_all()
                     for fn in list(self._listeners):
-                        fn(t, sizes)
+                        fn(t, piece)
                 elif msg["type"] == P.ERROR:
                     with self._cond:
                         self._failure = msg["message"]
                         self._cond.notify_all()
-        except (OSError, P.ProtocolError, ValueError):
+        except (OSError, P.ProtocolError, ValueError, KeyError, TypeError):
             pass
         with self._cond:
             self._lost = True
@@ -204,22 +203,30 @@ class Session:
             except OSError as exc:
                 raise CoordinatorLost(f"lost the connection to the coordinator: {exc}") from None
 
-    def on_allocation(self, fn: Callable[[int, np.ndarray], None]) -> None:
-        """Call ``fn(iteration, sizes)`` (on a background thread) when an allocation arrives."""
+    def on_allocation(self, fn: Callable[[int, _bal.Slice], None]) -> None:
+        """Call ``fn(iteration, slice)`` (on a background thread) when an allocation arrives."""
         self._listeners.append(fn)
 
     # ---- allocations --------------------------------------------------------------------
 
-    def sizes(self, iteration: int, global_batch: int, block: bool = True) -> Optional[np.ndarray]:
-        """Every worker's batch size at ``iteration`` for a global batch of ``global_batch``.
+    def slice(self, iteration: int, global_batch: int,
+              block: bool = True) -> Optional[_bal.Slice]:
+        """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
         ``lbbsp`` waits for the coordinator from iteration 1 on; the other modes, and a
         single process, know their split at once. With ``block=False``, None when not known.
         """
         if iteration == 0:
-            return _bal.rescale(self._initial, global_batch)
-        if not self.coordinated or self.sync != "lbbsp":
-            return _bal.equal_split(global_batch, self.num_workers)
+            piece = self._initial
+        elif not self.coordinated or self.sync != "lbbsp":
+            piece = _bal.slice_of(_bal.equal_split(global_batch, self.num_workers), self.rank)
+        else:
+            piece = self._wait_allocation(iteration, block)
+            if piece is None:
+                return None
+        return _bal.rescale_slice(piece, self.rank, self.num_workers, global_batch)
+
+    def _wait_allocation(self, iteration: int, block: bool) -> Optional[_bal.Slice]:
         with self._cond:
             while iteration not in self._alloc:
                 if self._failure is not None:
@@ -229,12 +236,10 @@ class Session:
                 if not block:
                     return None
                 self._cond.wait(1.0)
-            sizes = self._alloc[iteration]
+            piece = self._alloc[iteration]
             for old in [k for k in self._alloc if k < iteration - 1]:
                 del self._alloc[old]
-        if int(sizes.sum()) != global_batch:
-            sizes = _bal.rescale(sizes, global_batch)
-        return sizes
+        return piece
 
     def next_iteration(self, global_batch: int) -> tuple:
         """Start the next iteration: returns (iteration, offset, local batch size).
@@ -245,12 +250,12 @@ class Session:
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
-        sizes = self.sizes(t, global_batch)
+        piece = self.slice(t, global_batch)
         self._alloc_wait = time.perf_counter() - start
         self.iteration = t
         self.batch_global = int(global_batch)
-        self.batch_local = int(sizes[self.rank])
-        return t, int(sizes[: self.rank].sum()), self.batch_local
+        self.batch_local = piece.size
+        return t, piece.offset, piece.size
 
     # ---- measurements -------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mxlbbsp.balancer import (AffineFit, AllocationError, Balancer, TimeModel, allocate,
-                              equal_split, makespan, rescale)
+                              equal_split, makespan, rescale, rescale_slice, slice_of)
 
 speeds = st.lists(st.floats(0.05, 1000.0, allow_nan=False), min_size=1, max_size=24)
 
@@ -86,6 +86,21 @@ def test_equal_split_and_rescale():
     r = rescale([48, 16], 20)
     assert r.sum() == 20 and r[0] > r[1]
     assert rescale([48, 16], 64).tolist() == [48, 16]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=40), st.data())
+def test_each_worker_rescales_its_own_slice_and_the_slices_tile(sizes, data):
+    """A worker knows only its own slice; scaled alone, the slices still tile the new global
+    batch, give everyone a sample, and agree with scaling the whole allocation."""
+    n = len(sizes)
+    new_total = data.draw(st.integers(n, 3 * sum(sizes)))
+    whole = rescale(sizes, new_total)
+    pieces = [rescale_slice(slice_of(sizes, i), i, n, new_total) for i in range(n)]
+    assert [p.size for p in pieces] == whole.tolist()
+    assert pieces[0].offset == 0 and pieces[-1].offset + pieces[-1].size == new_total
+    assert all(a.offset + a.size == b.offset for a, b in zip(pieces, pieces[1:]))
+    assert min(p.size for p in pieces) >= 1 and int(whole.sum()) == new_total
 
 
 def test_semi_dynamic_keeps_the_split_unless_the_gain_passes_the_threshold():

@@ -239,3 +239,20 @@ def test_untimed_work_is_not_compute(coordinator, tmp_path):
     rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
     assert rows[1]["compute_s"] < 0.1
     assert rows[1]["iteration_s"] >= 0.3        # the wall time still shows it
+
+
+def test_alloc_messages_are_one_slice_per_worker():
+    assert P.alloc_line(3, 10, 5, 64) == P.encode(P.alloc(3, 10, 5, 64))
+
+
+def test_a_global_batch_other_than_the_allocated_one_still_tiles(coordinator):
+    """A loop broken before the short last batch asks for B again while the coordinator
+    split the short one: each worker scales its own slice, and the slices still tile."""
+    c = coordinator(3, predictor="last")
+    ss, errors = sessions(c, 3, B=30, N=300)
+    assert not errors
+    run_iteration(ss, [0.1, 0.1, 0.1], B=30)
+    run_iteration(ss, [0.1, 0.2, 0.4], B=30)      # alloc(2) splits 30 unevenly
+    slices = sorted((off, off + b) for _, off, b in (s.next_iteration(20) for s in ss))
+    assert slices[0][0] == 0 and slices[-1][1] == 20
+    assert all(a[1] == b[0] and b[1] > b[0] for a, b in zip(slices, slices[1:]))
