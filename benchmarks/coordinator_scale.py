@@ -29,9 +29,14 @@ iterations); and ``Coordinator.alloc_latency`` (server side: from the last repor
 the allocation written to every socket). Median and p99 over the measured iterations (the
 first ``--skip`` are left out).
 
-    python benchmarks/coordinator_scale.py --quick             # 16..1024 workers (~2 min)
-    python benchmarks/coordinator_scale.py                     # 200 iterations (~2 min)
+    python benchmarks/coordinator_scale.py --quick             # 16..1024 workers (~3 min)
+    python benchmarks/coordinator_scale.py                     # 200 iterations (~5 min)
     python benchmarks/coordinator_scale.py --profile 256       # + where the time goes (~1 min)
+
+Placement (``--placement``): ``pinned`` (default) runs the coordinator's thread alone on the
+first core and the simulated workers on the others, as on a cluster, where the workers are
+other machines; ``shared`` lets all of them compete for all cores. 256 workers are also
+measured with the other placement (``--shared-sizes``), for comparison.
     python benchmarks/coordinator_scale.py --client-smoke      # 4 workers, a few iterations
 """
 from __future__ import annotations
@@ -202,10 +207,12 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
 
 
 def _client_process(addr, token, ranks, n, B, iterations, compute_ms, arrival, seed, conn,
-                    nice=0):
+                    nice=0, cpus=None):
     try:
         if nice:
             os.nice(nice)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
         conn.send(("ok", asyncio.run(_client(addr, token, ranks, n, B, iterations,
                                              compute_ms, arrival, seed))))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -226,11 +233,25 @@ def _coordinator_thread() -> threading.Thread:
 def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float = 100.0,
             processes: Optional[int] = None, skip: int = 5, seed: int = 0,
             profile: bool = False, metrics: bool = True, instrument: bool = False,
-            predictor: Optional[str] = None, nice: int = 0) -> dict:
-    """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary."""
+            predictor: Optional[str] = None, nice: int = 0,
+            placement: str = "pinned") -> dict:
+    """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary.
+
+    ``placement``: ``pinned`` runs the coordinator thread on the first core and the simulated
+    workers on the others (as on a real cluster, where the workers are other machines);
+    ``shared`` lets Linux schedule all of them on all cores."""
     B = 64 * n
+    cores = sorted(os.sched_getaffinity(0))
+    coord_cpus = client_cpus = None
+    if placement == "pinned" and len(cores) >= 2:
+        coord_cpus, client_cpus = {cores[0]}, set(cores[1:])
+    elif placement not in ("pinned", "shared"):
+        raise ValueError(f"placement must be pinned or shared, not {placement!r}")
+    # pinned: one client process per client core (more would only time-slice on the same
+    # core and add context switches to the measured latency); shared: n/128, 1..4
+    processes = processes or (len(client_cpus) if client_cpus else max(1, min(4, n // 128)))
+    saved_affinity = os.sched_getaffinity(0)
     token = secrets.token_hex(16)
-    processes = processes or max(1, min(4, n // 128))
     with tempfile.TemporaryDirectory() as tmp:
         options = {"predictor": predictor} if predictor else {}
         config = CoordinatorConfig(num_workers=n, token=token, sync="lbbsp",
@@ -238,7 +259,12 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                                    else None, **options)
         coord = Coordinator(config)
         spent = _instrument(coord) if instrument else None
-        addr = coord.start()
+        if coord_cpus:                   # the coordinator's thread inherits this thread's
+            os.sched_setaffinity(0, coord_cpus)
+        try:
+            addr = coord.start()
+        finally:
+            os.sched_setaffinity(0, saved_affinity)
         profiler = None
         try:
             cpu_clock = time.pthread_getcpuclockid(_coordinator_thread().ident)
@@ -253,7 +279,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_client_process, daemon=True, args=(
                     addr, token, [int(r) for r in chunk], n, B, iterations, compute_ms,
-                    arrival, seed, child, nice))
+                    arrival, seed, child, nice, client_cpus))
                 proc.start()
                 child.close()
                 procs.append(proc)
@@ -305,7 +331,9 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         "server_alloc_ms": _stats(server), "cpu_ms_per_iteration": cpu_per_it,
         "latency_per_iteration_ms": [round(float(x), 3) for x in latency],
         "final_sizes": [b for r in results for b in r["final_sizes"]],
-        "predictor": config.predictor,
+        "predictor": config.predictor, "placement": placement,
+        "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
+        "client_cpus": sorted(client_cpus) if client_cpus else None,
     }
     if spent is not None:
         out["breakdown_ms"] = _breakdown(spent, n, iterations, skip)
@@ -322,11 +350,11 @@ async def _call(fn):
 
 #: what --profile's breakdown times inside the coordinator, per iteration (phase -> owner
 #: attribute, method): the critical path from the last report to the broadcast is
-#: on_iteration = predictor + allocate + broadcast + the rest of _on_iteration
+#: on_iteration = predictor + allocate + send allocations + the rest of _on_iteration
 PHASES = {"on_report (all n)": (None, "_on_report"), "on_iteration": (None, "_on_iteration"),
           "predictor observe+predict": ("_predictor", "observe"),
           "predictor predict": ("_predictor", "predict"),
-          "allocate": ("_balancer", "allocate"), "broadcast": (None, "_broadcast"),
+          "allocate": ("_balancer", "allocate"), "send allocations": (None, "_send_allocation"),
           "on_done (all n)": (None, "_on_done"), "flush_records": (None, "_flush_records")}
 
 
@@ -356,8 +384,6 @@ def _breakdown(spent: Dict[str, List[float]], n: int, iterations: int, skip: int
         xs = np.asarray(xs) * 1000
         if phase.endswith("(all n)"):
             per_it = xs[: (len(xs) // n) * n].reshape(-1, n).sum(axis=1)
-        elif phase == "broadcast":
-            per_it = xs[1:]                      # the first is the welcome
         else:
             per_it = xs
         per_it = per_it[skip:]
@@ -387,7 +413,16 @@ def main():
     p.add_argument("--arrivals", default="spread,burst,flood")
     p.add_argument("--compute-ms", type=float, default=100.0,
                    help="simulated compute per iteration (spread arrivals)")
-    p.add_argument("--processes", type=int, help="client processes (default: n/128, 1..4)")
+    p.add_argument("--processes", type=int,
+                   help="client processes (default: one per client core when pinned, n/128 "
+                        "(1..4) when shared)")
+    p.add_argument("--placement", choices=["pinned", "shared"], default="pinned",
+                   help="pinned (default): the coordinator on the first core, the simulated "
+                        "workers on the others, as on a cluster where the workers are other "
+                        "machines; shared: all processes on all cores")
+    p.add_argument("--shared-sizes", default="256",
+                   help="also measure these sizes with the other placement, for comparison "
+                        "('' for none)")
     p.add_argument("--profile", type=int, metavar="N", action="append", default=[],
                    help="also profile the coordinator thread (cProfile) with N workers, burst")
     p.add_argument("--client-smoke", action="store_true",
@@ -401,12 +436,15 @@ def main():
     arrivals = [a.strip() for a in args.arrivals.split(",")]
     name = "coordinator_scale" + ("_quick" if args.quick else "")
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
+    other = "shared" if args.placement == "pinned" else "pinned"
+    runs = [(args.placement, n) for n in sizes]
+    runs += [(other, int(x)) for x in args.shared_sizes.split(",") if x.strip()]
     results = []
     for arrival in arrivals:
-        for n in sizes:
-            C.progress(f"{n} workers, {arrival} (load {S.load():.1f})")
+        for placement, n in runs:
+            C.progress(f"{n} workers, {arrival}, {placement} (load {S.load():.1f})")
             r = measure(n, iters, arrival=arrival, compute_ms=args.compute_ms,
-                        processes=args.processes)
+                        processes=args.processes, placement=placement)
             C.progress(f"  latency median {r['latency_ms']['median']:.2f} ms, p99 "
                        f"{r['latency_ms']['p99']:.2f} ms; server "
                        f"{r['server_alloc_ms']['median']:.2f} ms; CPU "
@@ -417,28 +455,31 @@ def main():
         for arrival in arrivals:
             C.progress(f"timing the coordinator's phases with {n} workers ({arrival})")
             r = measure(n, min(iters, 100), arrival=arrival, compute_ms=args.compute_ms,
-                        processes=args.processes, instrument=True)
+                        processes=args.processes, instrument=True,
+                        placement=args.placement)
             breakdowns[f"{n} {arrival}"] = r["breakdown_ms"]
         C.progress(f"profiling the coordinator with {n} workers (burst, cProfile)")
         r = measure(n, min(iters, 60), arrival="burst", compute_ms=args.compute_ms,
-                    processes=args.processes, profile=True)
+                    processes=args.processes, profile=True, placement=args.placement)
         profiles[str(n)] = r.pop("profile")
         path = C.RESULTS / f"{name}_profile_{n}.txt"
         path.write_text(profiles[str(n)])
         C.progress(f"  written {path}")
-    rows = ["| workers | arrival | allocation latency median | p99 | max | first worker "
+    rows = ["| workers | arrival | placement | allocation latency median | p99 | max | first worker "
             "served (median) | server-side alloc_latency median / p99 | coordinator CPU per "
-            "iteration |", "|---|---|---|---|---|---|---|---|"]
+            "iteration |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat, srv = r["latency_ms"], r["server_alloc_ms"]
-        rows.append(f"| {r['workers']} | {r['arrival']} | {lat['median']:.2f} ms | "
+        rows.append(f"| {r['workers']} | {r['arrival']} | {r['placement']} | "
+                    f"{lat['median']:.2f} ms | "
                     f"**{lat['p99']:.2f} ms** | {lat['max']:.2f} ms | "
                     f"{r['first_alloc_ms']['median']:.2f} ms | {srv['median']:.2f} / "
                     f"{srv['p99']:.2f} ms | {r['cpu_ms_per_iteration']:.2f} ms |")
     table = (
         f"The real coordinator (lbbsp, default predictor and time model, metrics file on) "
         f"with simulated workers over loopback TCP; {iters} iterations per size, first 5 left "
-        f"out; global batch 64 x n; workers in {{1, 2, 4}} client processes (n/128). "
+        f"out; global batch 64 x n; the simulated workers in one client process per core they "
+        f"run on (pinned), or n/128 (1..4) processes (shared). "
         f"'spread': each worker reports after its own simulated compute (~{args.compute_ms:g} "
         f"ms per iteration, balanced by the coordinator, with drift and 3% noise); 'burst': "
         f"after the slowest worker's compute, all report at the same instant (perfect "
@@ -455,9 +496,12 @@ def main():
         + (f"\n\ncProfile of the coordinator thread (burst, sorted by own time): "
            f"{', '.join(f'[{n} workers]({name}_profile_{n}.txt)' for n in profiles)}"
            if profiles else "")
-        + f"\n\nThis machine has 2 cores: the client processes share them with the "
-        f"coordinator, so for 1024 workers part of the latency is the clients' own reading. "
-        f"Load average at start: {load_at_start:.2f}.")
+        + f"\n\nPlacement: 'pinned' runs the coordinator's thread alone on core "
+        f"{sorted(os.sched_getaffinity(0))[0]} and the simulated workers on the other "
+        f"core(s), as on a real cluster where the workers are other machines; 'shared' lets "
+        f"them all compete for this machine's {os.cpu_count()} cores (the workers' reading "
+        f"then preempts the coordinator while it sends). The breakdown and profiles use "
+        f"'{args.placement}'. Load average at start: {load_at_start:.2f}.")
     path = C.write(name, {"iterations": iters, "load_at_start": load_at_start,
                           "predictor": results[0]["predictor"] if results else None,
                           "results": results, "breakdown_ms": breakdowns}, table)
@@ -472,9 +516,11 @@ def _breakdown_table(breakdowns: dict) -> str:
     for key, b in breakdowns.items():
         rows.append(f"| {key} | " + " | ".join(f"{b[p]:.2f}" for p in phases) + " |")
     return ("\n\nWhere the coordinator's time goes (median ms per iteration, timers around "
-            "its methods in a separate run; 'on_iteration' is the critical path from the last "
-            "report to the broadcast, and contains the predictor, allocate and broadcast "
-            "columns; 'on_report' and 'on_done' are summed over the n messages):\n\n"
+            "its methods in a separate run; 'on_iteration' runs from the last report to the "
+            "end of the predictor's training step, which comes after the allocations are "
+            "sent; it contains the predictor, allocate and send allocations columns, and the "
+            "critical path is the part up to the end of 'send allocations'; 'on_report' and "
+            "'on_done' are summed over the n messages):\n\n"
             + "\n".join(rows))
 
 
