@@ -239,12 +239,10 @@ def main():
         "time); 'fraction of ideal' = speedup / ideal. 'wait' = mean share of a worker's "
         "iteration spent waiting for the others (including push/pull)."
         f"\n\nLoad average at start: {load_at_start:.2f}.")
-    path = C.write(name, {"rounds": rounds, "iterations": iters, "model": args.model,
-                          "batch_size": args.batch_size, "pinned": not args.no_pin,
-                          "load_at_start": load_at_start, "figures": figures,
-                          "results": results}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write(name, {"rounds": rounds, "iterations": iters, "model": args.model,
+                   "batch_size": args.batch_size, "pinned": not args.no_pin,
+                   "load_at_start": load_at_start, "figures": figures,
+                   "results": results}, table)
 
 
 if __name__ == "__main__":

@@ -502,11 +502,9 @@ def main():
         f"them all compete for this machine's {os.cpu_count()} cores (the workers' reading "
         f"then preempts the coordinator while it sends). The breakdown and profiles use "
         f"'{args.placement}'. Load average at start: {load_at_start:.2f}.")
-    path = C.write(name, {"iterations": iters, "load_at_start": load_at_start,
-                          "predictor": results[0]["predictor"] if results else None,
-                          "results": results, "breakdown_ms": breakdowns}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write(name, {"iterations": iters, "load_at_start": load_at_start,
+                   "predictor": results[0]["predictor"] if results else None,
+                   "results": results, "breakdown_ms": breakdowns}, table)
 
 
 def _breakdown_table(breakdowns: dict) -> str:

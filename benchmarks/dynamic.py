@@ -189,13 +189,11 @@ def main():
         + (f"\n\nFigures (last round; BSP, NARX, oracle): [{figures}]({figures})"
            if figures else "")
         + f"\n\nLoad average at start: {load_at_start:.2f}.")
-    path = C.write(name, {"rounds": rounds, "iterations": iters, "batch_size": args.batch_size,
-                          "emulate_compute_ms": args.emulate_compute, "seed": args.seed,
-                          "trace": trace.name, "ideal_speedup": ideal,
-                          "load_at_start": load_at_start, "figures": figures,
-                          "results": results}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write(name, {"rounds": rounds, "iterations": iters, "batch_size": args.batch_size,
+                   "emulate_compute_ms": args.emulate_compute, "seed": args.seed,
+                   "trace": trace.name, "ideal_speedup": ideal,
+                   "load_at_start": load_at_start, "figures": figures,
+                   "results": results}, table)
 
 
 if __name__ == "__main__":

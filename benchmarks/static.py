@@ -149,13 +149,11 @@ def main():
         "ideal' = speedup / ideal."
         + (f"\n\nFigures (1:1:3, last round): [{figures}]({figures})" if figures else "")
         + f"\n\nLoad average at start: {load_at_start:.2f}.")
-    path = C.write(name, {"rounds": args.rounds, "iterations": args.iterations,
-                          "batch_size": args.batch_size,
-                          "emulate_compute_ms": args.emulate_compute,
-                          "load_at_start": load_at_start, "figures": figures,
-                          "results": results}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write(name, {"rounds": args.rounds, "iterations": args.iterations,
+                   "batch_size": args.batch_size,
+                   "emulate_compute_ms": args.emulate_compute,
+                   "load_at_start": load_at_start, "figures": figures,
+                   "results": results}, table)
 
 
 if __name__ == "__main__":

@@ -82,10 +82,8 @@ def main():
              + "\n".join(rows) +
              "\n\n'ideal' = sum of the workers' measured compute speeds / (2 x the slowest), "
              "from the BSP runs.")
-    path = C.write("throughput" + ("_quick" if args.quick else ""),
-                   {"rounds": rounds, "iterations": iters, "results": results}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write("throughput" + ("_quick" if args.quick else ""),
+            {"rounds": rounds, "iterations": iters, "results": results}, table)
 
 
 if __name__ == "__main__":

@@ -216,14 +216,12 @@ def main():
         + (f"\n\n![accuracy curves]({name}/accuracy.png)\n\nFigures (last round; BSP, "
            f"LB-BSP): [{figures}]({figures})" if figures else "")
         + f"\n\nLoad average at start: {load_at_start:.2f}.")
-    path = C.write(name, {"rounds": rounds, "iterations": iters, "target": args.target,
-                          "batch_size": args.batch_size, "lr": args.lr,
-                          "emulate_compute_ms": args.emulate_compute,
-                          "slowdown": args.slowdown, "load_at_start": load_at_start,
-                          "summary": summary, "figures": figures,
-                          "runs": runs}, table)
-    print(table)
-    print(f"\nwritten: {path}")
+    C.write(name, {"rounds": rounds, "iterations": iters, "target": args.target,
+                   "batch_size": args.batch_size, "lr": args.lr,
+                   "emulate_compute_ms": args.emulate_compute,
+                   "slowdown": args.slowdown, "load_at_start": load_at_start,
+                   "summary": summary, "figures": figures,
+                   "runs": runs}, table)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import click
 
-from mxlbbsp import __version__, predictors
+from mxlbbsp import __version__
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
 
@@ -66,7 +66,10 @@ def cli(verbose):
               help="lbbsp: split B by predicted speed; bsp: equal split B/n (dist_sync); "
                    "asp: equal split, no barrier (dist_async).")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
-              help=f"Speed predictor: {', '.join(predictors.available())}.")
+              help="Speed predictor of each worker's next iteration: narx (a small "
+                   "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
+                   "(autoregressive); oracle knows the --emulate-slowdown schedule ahead "
+                   "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
 @click.option("--time-model", type=click.Choice(["linear", "affine"]), default="linear",
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
