@@ -19,6 +19,10 @@ side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKIL
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
 with the command's exit code (128 + N for a signal N, like a shell).
 
+Unless the environment sets ``OMP_NUM_THREADS``, a spec with ``MXLBBSP_SHARE_CORES=k`` in its
+``env`` (the launcher's: k processes of the job on this host) gets ``OMP_NUM_THREADS`` = this
+host's cores // k, so that each host divides its own cores, not the launch machine's.
+
 ``python -m mxlbbsp.launcher.guard --check FOLDER`` is the launcher's SSH pre-flight: it
 succeeds when this host has mxlbbsp (the guard) and the launch folder.
 
@@ -51,6 +55,13 @@ def _group_alive(pgid: int) -> bool:
     return _killpg(pgid, 0)
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
 class Guard:
     def __init__(self, spec: dict):
         self.spec = spec
@@ -61,6 +72,9 @@ class Guard:
     def start(self) -> None:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
+        share = env.get("MXLBBSP_SHARE_CORES", "")
+        if "OMP_NUM_THREADS" not in env and share.isdigit() and int(share) > 0:
+            env["OMP_NUM_THREADS"] = str(max(1, _cores() // int(share)))
         cwd = self.spec.get("cwd") or None
         # stdin is the launcher's line to this guard: the command must not read it
         self.child = subprocess.Popen(self.spec["argv"], env=env, cwd=cwd,

@@ -41,6 +41,8 @@ EXIT_STALL = 124
 CONNECT_ATTEMPTS = 5
 #: variables forwarded to remote hosts (besides every --env)
 FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
+#: the guard sets OMP_NUM_THREADS = this host's cores // this (see guard.py)
+SHARE_CORES = "MXLBBSP_SHARE_CORES"
 FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
 
 
@@ -100,8 +102,9 @@ class Job:
                 if key in FORWARD or key.startswith(FORWARD_PREFIXES):
                     env[key] = value
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
-            # like torchrun: don't let n processes each take every core
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(procs_on_host, 1)))
+            # like torchrun: don't let n processes each take every core. The guard divides
+            # the cores of the host it runs on (a remote host's, not this one's).
+            env[SHARE_CORES] = str(max(procs_on_host, 1))
         return env
 
     def _node_host(self, host: Host) -> Optional[str]:
