@@ -17,7 +17,8 @@ SIGHUP, or, with ``"silence": S`` in the spec, nothing arrives on stdin for S se
 launcher sends an empty line now and then: a partitioned network closes nothing on the remote
 side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
-with the command's exit code (128 + N for a signal N, like a shell).
+with the command's exit code (128 + N for a signal N, like a shell), after a last line
+``mxlbbsp guard: exit N`` on stdout (the launcher does not show it).
 
 Unless the environment sets ``OMP_NUM_THREADS``, a spec with ``MXLBBSP_SHARE_CORES=k`` in its
 ``env`` (the launcher's: k processes of the job on this host) gets ``OMP_NUM_THREADS`` = this
@@ -41,6 +42,9 @@ NOT_FOUND = 127
 STDIN = 0
 #: the guard's first line on stdout: it runs, so the transport (e.g. ssh) is connected
 STARTED = "mxlbbsp guard: started"
+#: the guard's last line on stdout, with the command's exit code: over SSH it tells a command
+#: that exited 255 from ssh's own 255 (connection lost)
+EXITED = "mxlbbsp guard: exit"
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -176,7 +180,12 @@ def main() -> int:
         sys.stderr.write(f"mxlbbsp: error: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
         return 126
     threading.Thread(target=guard.watch_stdin, args=(pending,), daemon=True).start()
-    return guard.wait()
+    rc = guard.wait()
+    try:
+        os.write(1, f"{EXITED} {rc}\n".encode())
+    except OSError:
+        pass                                      # nobody listens any more
+    return rc
 
 
 if __name__ == "__main__":

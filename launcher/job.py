@@ -319,6 +319,10 @@ class Job:
                 continue
             rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
             over_ssh = self.remote and p is not self.scheduler
+            if over_ssh and rc == 255:
+                p.drain_output()        # the guard's exit line, if it sent one
+            if over_ssh and rc == 255 and p.reported_exit == 255:
+                over_ssh = False        # the command's own 255, not ssh's: say so
             if over_ssh and rc == 255 and p.reconnect(CONNECT_ATTEMPTS):
                 continue
             last = p.flush_early()

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, IO, List, Optional, Tuple
 
-from .guard import STARTED
+from .guard import EXITED, STARTED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
 
@@ -82,6 +82,8 @@ class RoleProcess:
         self.proc: Optional[subprocess.Popen] = None
         #: set when the guard has said it started: the transport is connected
         self.connected = threading.Event()
+        #: the command's exit code as the guard reported it (None: the guard did not say)
+        self.reported_exit: Optional[int] = None
         self.attempts = 0
         self._threads: List[threading.Thread] = []
         self._log = None
@@ -133,6 +135,14 @@ class RoleProcess:
                         else:
                             self._early.append((text, to_stderr))
                         continue
+                at = text.rfind(EXITED) if not to_stderr else -1
+                if at >= 0 and text[at + len(EXITED):].strip().isdigit():
+                    # the guard's last line (after a last line of the command's own without
+                    # a newline, it shares that line)
+                    self.reported_exit = int(text[at + len(EXITED):])
+                    if at == 0:
+                        continue
+                    text = text[:at]
                 self.output.line(self.label, text, to_stderr, self._log)
             stream.close()
 
@@ -215,6 +225,11 @@ class RoleProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def drain_output(self, timeout: float = 1.0) -> None:
+        """Wait until the ended transport's output has been read to its end."""
+        for t in self._threads:
+            t.join(timeout)
 
     def finish_output(self, timeout: float = 2.0) -> None:
         for t in self._threads:

@@ -212,18 +212,21 @@ def test_connections_refused_by_maxstartups_are_retried(sshd, tmp_path):
 
 # ---- the first failure stops every process on every host ------------------------------------
 
-def test_worker_exit_3_on_one_host_stops_the_job(sshd, hostfile):
+@pytest.mark.parametrize("code", [3, 255])     # 255: also ssh's own code for a lost link
+def test_worker_exit_3_on_one_host_stops_the_job(sshd, hostfile, code):
     # worker 1 fails; worker 0 (with a background child in its group) waits for it forever
     failing = ('echo "probe $MXLBBSP_RANK $MXLBBSP_TEST_MARK"; '
-               'if [ "$MXLBBSP_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 600 & exec "$@"')
+               f'if [ "$MXLBBSP_RANK" = 1 ]; then sleep 2; exit {code}; fi; '
+               'sleep 600 & exec "$@"')
     r = run_mxlbbsp(*launch(sshd, hostfile), "--", "sh", "-c", failing, "sh", *TRAIN,
                     "--epochs", "1000", timeout=60)
-    assert r.rc == 3, r.output
+    assert r.rc == code, r.output
     assert r.seconds < 30, r.output
     assert f"[worker 0@127.0.0.1] probe 0 {r.marker}" in r.stdout, r.output
     assert f"[worker 1@127.0.0.2] probe 1 {r.marker}" in r.stdout, r.output
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
-    assert errors and "worker 1 exited with code 3 on 127.0.0.2" in errors[0], r.output
+    assert errors and f"worker 1 exited with code {code} on 127.0.0.2" in errors[0], r.output
+    assert "mxlbbsp guard: exit" not in r.output          # the guard's line is not shown
     assert_nothing_left(sshd, r.marker)
 
 
