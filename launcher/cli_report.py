@@ -35,8 +35,8 @@ def report(metrics_files, output, warmup):
     try:
         index = write_report(list(metrics_files), output, warmup=warmup)
     except InputError as exc:
-        raise ConfigError(f"{exc}; give a metrics file written by "
-                          "'mxlbbsp launch --metrics'") from None
+        hint = "give a metrics file written by 'mxlbbsp launch --metrics'"
+        raise ConfigError(str(exc) if hint in str(exc) else f"{exc}; {hint}") from None
     except OutputError as exc:
         raise ConfigError(f"{exc}; choose another directory with -o") from None
     except ReportError as exc:

@@ -27,7 +27,8 @@ def load(path: str) -> List[dict]:
     try:
         fh = open(path)
     except OSError as exc:
-        raise MetricsError(f"cannot read {path!r}: {exc.strerror}") from None
+        raise MetricsError(f"cannot read {path!r}: {exc.strerror}; give a metrics file written by "
+                           f"'mxlbbsp launch --metrics'") from None
     with fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():

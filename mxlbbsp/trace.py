@@ -74,7 +74,9 @@ def load(path: str) -> Trace:
     try:
         fh = open(path, newline="", encoding="utf-8-sig")
     except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+        raise TraceError(f"cannot read {path}: {exc.strerror}; give a trace CSV (iteration,rank,"
+                         f"speed,cpu_percent,mem_percent), e.g. from 'mxlbbsp trace METRICS.jsonl "
+                         f"-o TRACE.csv'") from None
     with fh:
         reader = csv.reader(fh)
         try:
