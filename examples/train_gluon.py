@@ -5,7 +5,7 @@ One process (the whole global batch on this machine):
 A job with 3 workers, one of them emulated 3x slower:
     mxlbbsp launch -n 3 --emulate-slowdown 1,1,3 -- python examples/train_gluon.py --model cnn
 
-Data: ``synthetic`` (random images whose labels follow a fixed random linear rule, so the
+Data: ``synthetic`` (random images around a fixed random template per class, so the
 loss goes down), ``digits`` (scikit-learn's bundled 8x8 digits, 1797 images, no download),
 or ``cifar10`` from a local folder (``--data-dir``, the python or binary version of
 CIFAR-10; nothing is downloaded).
