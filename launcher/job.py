@@ -50,6 +50,14 @@ class JobFailed(RuntimeError):
     """The job could not start (not bad input): exit code 1, one line."""
 
 
+def _resolves(name: str) -> bool:
+    try:
+        socket.gethostbyname(name)
+        return True
+    except OSError:
+        return False
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
@@ -143,6 +151,7 @@ class Job:
             per_host[h.name] = per_host.get(h.name, 0) + 1
         here = Host(self.bind) if self.remote else LOCAL
         env = self._ps_env("scheduler", here, scheduler_port, 1)
+        env.pop(SHARE_CORES, None)
         env["OMP_NUM_THREADS"] = "1"
         self.scheduler = self._role("scheduler", None, here,
                                     [sys.executable, "-m", "mxlbbsp.server"], env,
@@ -150,6 +159,7 @@ class Job:
         self.servers = []
         for r, host in enumerate(self.placement.servers):
             env = self._ps_env("server", host, scheduler_port, 1)
+            env.pop(SHARE_CORES, None)
             env["OMP_NUM_THREADS"] = "1"
             self.servers.append(self._role("server", r, host,
                                            [self._python(host), "-m", "mxlbbsp.server"], env))
@@ -170,6 +180,13 @@ class Job:
         lines = [f"job: {self.config.num_workers} worker(s), {self.config.num_servers} "
                  f"server(s), sync={self.config.sync}, scheduler and coordinator on "
                  f"{self.bind}; every process runs in {self.config.cwd}"]
+        if self.remote and self.bind.startswith("127.") and self.config.bind is None:
+            unknown = [h.name for h in self.hosts if not h.address
+                       and not _resolves(ssh.ssh_hostname(h, self._ssh))]
+            if unknown:
+                lines.append(f"note: {', '.join(unknown)} did not resolve here, so the "
+                             "scheduler's address is a guess; give --bind ADDR (this "
+                             "machine's address that the hosts can reach)")
         if self.remote:
             forwarded = sorted(set(FORWARD) | {f"{p}*" for p in FORWARD_PREFIXES}
                                | set(self.config.env))
@@ -180,7 +197,7 @@ class Job:
                   _env.COORDINATOR: f"{self.bind}:<free port>"}
         for p in [self.scheduler] + self.servers + self.workers:
             shown = {k: chosen.get(k, v) for k, v in sorted(p.env.items())
-                     if k.startswith(("DMLC_", "MXLBBSP_"))}
+                     if k.startswith(("DMLC_", "MXLBBSP_")) or k == "OMP_NUM_THREADS"}
             env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
             where = "local" if p is self.scheduler else p.host
             rank = "-" if p.rank is None else str(p.rank)
@@ -195,7 +212,7 @@ class Job:
 
     def _resolve_bind(self) -> None:
         if self.bind is None:
-            self.bind = ssh.bind_address(self.hosts)
+            self.bind = ssh.bind_address(self.hosts, self._ssh)
 
     def _on_signal(self, signum, frame) -> None:
         if self._signal is not None:       # a second Ctrl-C: stop waiting politely

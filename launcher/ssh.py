@@ -135,21 +135,38 @@ def preflight(hosts: Sequence[Host], opts: SshOptions, python: str, folder: str)
     return [r for r in results if r]
 
 
-def bind_address(hosts: Sequence[Host]) -> str:
+def bind_address(hosts: Sequence[Host], opts: Optional[SshOptions] = None) -> str:
     """The address of this machine for the scheduler and the coordinator: the one facing the
     first host that is not this machine, or loopback when every host is."""
     for host in hosts:
-        address = local_address_towards(host)
+        address = local_address_towards(host, opts)
         if not address.startswith("127.") and address != "::1":
             return address
     return "127.0.0.1"
 
 
-def local_address_towards(host: Host) -> str:
+def ssh_hostname(host: Host, opts: Optional[SshOptions] = None) -> str:
+    """The name ssh really connects to for ``host``: ~/.ssh/config may map an alias to
+    another name (``Host node1`` / ``HostName 10.0.0.5``) that DNS alone does not know.
+    ``ssh -G`` prints the effective configuration without connecting."""
+    argv = base_argv(host, opts or SshOptions()) + ["-G", host.target]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5,
+                             stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return host.name
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key.lower() == "hostname" and value.strip():
+            return value.strip()
+    return host.name
+
+
+def local_address_towards(host: Host, opts: Optional[SshOptions] = None) -> str:
     """The address of this machine that ``host`` can reach us on (for the scheduler and the
     coordinator). Loopback when the host is on this machine."""
     try:
-        target = host.address or socket.gethostbyname(host.name)
+        target = host.address or socket.gethostbyname(ssh_hostname(host, opts))
     except OSError:
         return socket.gethostbyname(socket.gethostname())
     if target.startswith("127.") or target == "::1":

@@ -373,3 +373,17 @@ def test_remote_host_in_a_namespace_and_a_partition(netns_host, tmp_path, runnin
         assert server.wait_no_sessions(include_sshd=False) == [], "guards left running"
     finally:
         ns.set_link(True)
+
+
+def test_bind_address_follows_ssh_config_aliases(netns_host):
+    # A hostfile name that only ssh's configuration knows (Host alias / HostName): the
+    # scheduler must still listen on the address that faces the real host, not on loopback.
+    from mxlbbsp.launcher import ssh
+    from mxlbbsp.launcher.hostfile import Host
+    ns, _ = netns_host
+    alias = Host("mxlbbsp-test-alias-that-dns-does-not-know")
+    opts = ssh.SshOptions(options=[("HostName", ns.address)])
+    assert ssh.ssh_hostname(alias, opts) == ns.address
+    assert ssh.bind_address([alias], opts) == ns.host_address
+    # loopback hosts keep loopback
+    assert ssh.bind_address([Host("127.0.0.2")], ssh.SshOptions()) == "127.0.0.1"
