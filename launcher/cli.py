@@ -64,7 +64,8 @@ def cli(verbose):
 @click.option("--sync", type=click.Choice(["lbbsp", "bsp", "asp", "r2sp"]), default="lbbsp",
               show_default=True,
               help="lbbsp: split B by predicted speed; bsp: equal split B/n (dist_sync); "
-                   "asp: equal split, no barrier (dist_async).")
+                   "asp: equal split, no barrier (dist_async); r2sp: reserved for round-robin "
+                   "synchronisation, not implemented yet.")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (a small "
                    "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
