@@ -45,6 +45,9 @@ STARTED = "mxlbbsp guard: started"
 #: the guard's last line on stdout, with the command's exit code: over SSH it tells a command
 #: that exited 255 from ssh's own 255 (connection lost)
 EXITED = "mxlbbsp guard: exit"
+#: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
+#: cores // k threads
+SHARE_CORES = "MXLBBSP_SHARE_CORES"
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -66,6 +69,7 @@ def _cores() -> int:
     except (AttributeError, OSError):
         return os.cpu_count() or 1
 
+
 class Guard:
     def __init__(self, spec: dict):
         self.spec = spec
@@ -76,7 +80,7 @@ class Guard:
     def start(self) -> None:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.spec.get("env") or {}).items()})
-        share = env.get("MXLBBSP_SHARE_CORES", "")
+        share = env.get(SHARE_CORES, "")
         if "OMP_NUM_THREADS" not in env and share.isdigit() and int(share) > 0:
             env["OMP_NUM_THREADS"] = str(max(1, _cores() // int(share)))
         cwd = self.spec.get("cwd") or None

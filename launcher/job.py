@@ -32,6 +32,7 @@ from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
 from . import ssh
 from .config import ConfigError, LaunchConfig
+from .guard import SHARE_CORES
 from .hostfile import LOCAL, Host, Placement, parse_hostfile, place
 from .procs import Output, RoleProcess, local_transport, stop_all
 
@@ -41,8 +42,6 @@ EXIT_STALL = 124
 CONNECT_ATTEMPTS = 5
 #: variables forwarded to remote hosts (besides every --env)
 FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
-#: the guard sets OMP_NUM_THREADS = this host's cores // this (see guard.py)
-SHARE_CORES = "MXLBBSP_SHARE_CORES"
 FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
 
 
@@ -103,13 +102,17 @@ class Job:
     def _python(self, host: Host) -> str:
         return (self.config.remote_python or sys.executable) if self.remote else sys.executable
 
-    def _base_env(self, host: Host, procs_on_host: int) -> Dict[str, str]:
+    def _base_env(self, host: Host, procs_on_host: Optional[int]) -> Dict[str, str]:
+        """``procs_on_host``: the job's workers on ``host``; None for the scheduler and the
+        servers, which run on one thread."""
         env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
         if self.remote:
             for key, value in os.environ.items():
                 if key in FORWARD or key.startswith(FORWARD_PREFIXES):
                     env[key] = value
-        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
+        if procs_on_host is None:
+            env["OMP_NUM_THREADS"] = "1"
+        elif "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
             # like torchrun: don't let n processes each take every core. The guard divides
             # the cores of the host it runs on (a remote host's, not this one's).
             env[SHARE_CORES] = str(max(procs_on_host, 1))
@@ -136,7 +139,8 @@ class Job:
         self.procs.append(proc)
         return proc
 
-    def _ps_env(self, role: str, host: Host, port: int, per_host: int) -> Dict[str, str]:
+    def _ps_env(self, role: str, host: Host, port: int,
+                per_host: Optional[int]) -> Dict[str, str]:
         env = self._base_env(host, per_host)
         env.update(_env.ps_env(role, self.bind, port, self.config.num_servers,
                                self.config.num_workers, self._node_host(host)))
@@ -150,17 +154,13 @@ class Job:
         for h in self.placement.workers:
             per_host[h.name] = per_host.get(h.name, 0) + 1
         here = Host(self.bind) if self.remote else LOCAL
-        env = self._ps_env("scheduler", here, scheduler_port, 1)
-        env.pop(SHARE_CORES, None)
-        env["OMP_NUM_THREADS"] = "1"
+        env = self._ps_env("scheduler", here, scheduler_port, None)
         self.scheduler = self._role("scheduler", None, here,
                                     [sys.executable, "-m", "mxlbbsp.server"], env,
                                     transport=local_transport())
         self.servers = []
         for r, host in enumerate(self.placement.servers):
-            env = self._ps_env("server", host, scheduler_port, 1)
-            env.pop(SHARE_CORES, None)
-            env["OMP_NUM_THREADS"] = "1"
+            env = self._ps_env("server", host, scheduler_port, None)
             self.servers.append(self._role("server", r, host,
                                            [self._python(host), "-m", "mxlbbsp.server"], env))
         self.workers = []
@@ -338,8 +338,7 @@ class Job:
             over_ssh = self.remote and p is not self.scheduler
             if over_ssh and rc == 255:
                 p.drain_output()        # the guard's exit line, if it sent one
-            if over_ssh and rc == 255 and p.reported_exit == 255:
-                over_ssh = False        # the command's own 255, not ssh's: say so
+                over_ssh = p.reported_exit != 255   # the command's own 255 is not ssh's
             if over_ssh and rc == 255 and p.reconnect(CONNECT_ATTEMPTS):
                 continue
             last = p.flush_early()

@@ -136,10 +136,11 @@ class RoleProcess:
                             self._early.append((text, to_stderr))
                         continue
                 at = text.rfind(EXITED) if not to_stderr else -1
-                if at >= 0 and text[at + len(EXITED):].strip().isdigit():
+                code = text[at + len(EXITED):].strip() if at >= 0 else ""
+                if code.isdigit():
                     # the guard's last line (after a last line of the command's own without
                     # a newline, it shares that line)
-                    self.reported_exit = int(text[at + len(EXITED):])
+                    self.reported_exit = int(code)
                     if at == 0:
                         continue
                     text = text[:at]
@@ -232,8 +233,7 @@ class RoleProcess:
             t.join(timeout)
 
     def finish_output(self, timeout: float = 2.0) -> None:
-        for t in self._threads:
-            t.join(timeout)
+        self.drain_output(timeout)
         self.flush_early()
         if self._log is not None:
             self._log.close()
