@@ -30,13 +30,13 @@ Examples:
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               metavar="N", help="Leave the first N iterations out of tables and timing plots.")
 def report(metrics_files, output, warmup):
+    from mxlbbsp import metrics
     from mxlbbsp.report import InputError, OutputError, ReportError, write_report
 
     try:
         index = write_report(list(metrics_files), output, warmup=warmup)
     except InputError as exc:
-        hint = "give a metrics file written by 'mxlbbsp launch --metrics'"
-        raise ConfigError(str(exc) if hint in str(exc) else f"{exc}; {hint}") from None
+        raise ConfigError(f"{exc}; {metrics.HINT}") from None
     except OutputError as exc:
         raise ConfigError(f"{exc}; choose another directory with -o") from None
     except ReportError as exc:

@@ -17,6 +17,10 @@ REQUIRED = ("iteration", "rank", "batch_size", "compute_s", "wait_s", "speed",
             "predicted_speed", "cpu_percent", "mem_percent", "sync", "time")
 
 
+#: what a user who gave a bad metrics file should give instead (for the commands that read one)
+HINT = "give a metrics file written by 'mxlbbsp launch --metrics'"
+
+
 class MetricsError(ValueError):
     """A malformed metrics file; the message names the line."""
 
@@ -27,8 +31,7 @@ def load(path: str) -> List[dict]:
     try:
         fh = open(path)
     except OSError as exc:
-        raise MetricsError(f"cannot read {path!r}: {exc.strerror}; give a metrics file written by "
-                           f"'mxlbbsp launch --metrics'") from None
+        raise MetricsError(f"cannot read {path!r}: {exc.strerror}") from None
     with fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():

@@ -220,7 +220,7 @@ def from_metrics(metrics_path: str, trace_path: str, skip: int = 1) -> int:
     try:
         records = _metrics.load(metrics_path)
     except _metrics.MetricsError as exc:
-        raise TraceError(str(exc)) from None
+        raise TraceError(f"{exc}; {_metrics.HINT}") from None
     rows = []
     for rec in records:
         if int(rec["iteration"]) < skip:
