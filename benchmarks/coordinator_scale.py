@@ -240,13 +240,13 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
     ``placement``: ``pinned`` runs the coordinator thread on the first core and the simulated
     workers on the others (as on a real cluster, where the workers are other machines);
     ``shared`` lets Linux schedule all of them on all cores."""
+    if placement not in ("pinned", "shared"):
+        raise ValueError(f"placement must be pinned or shared, not {placement!r}")
     B = 64 * n
     cores = sorted(os.sched_getaffinity(0))
     coord_cpus = client_cpus = None
     if placement == "pinned" and len(cores) >= 2:
         coord_cpus, client_cpus = {cores[0]}, set(cores[1:])
-    elif placement not in ("pinned", "shared"):
-        raise ValueError(f"placement must be pinned or shared, not {placement!r}")
     # pinned: one client process per client core (more would only time-slice on the same
     # core and add context switches to the measured latency); shared: n/128, 1..4
     processes = processes or (len(client_cpus) if client_cpus else max(1, min(4, n // 128)))

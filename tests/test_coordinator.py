@@ -1,11 +1,11 @@
 """The coordinator with real worker sessions over loopback TCP (threads play the workers)."""
-import json
 import socket
 import threading
 
 import numpy as np
 import pytest
 
+from mxlbbsp import metrics
 from mxlbbsp import protocol as P
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 from mxlbbsp.session import JobAborted, Session
@@ -57,6 +57,14 @@ def sessions(c, n, B=64, N=640, sync="lbbsp", **kw):
     return out, errors
 
 
+def finished_records(c):
+    """Wait for the job to finish, stop the coordinator, and read its metrics file (through
+    mxlbbsp.metrics.load, which also checks every record's required fields)."""
+    assert c.finished.wait(5)
+    c.stop()
+    return metrics.load(c.config.metrics_path)
+
+
 def run_iteration(sessions_, compute, B=64):
     """Every worker does one iteration: compute_s given per rank (a stand-in clock)."""
     sizes = []
@@ -104,9 +112,7 @@ def test_bsp_never_waits_and_still_writes_metrics(coordinator, tmp_path):
         assert run_iteration(ss, [0.1, 0.3]) == [32, 32]
     for s in ss:
         s.close()
-    assert c.finished.wait(5)
-    c.stop()
-    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    rows = finished_records(c)
     assert len(rows) == 6
     assert {r["sync"] for r in rows} == {"bsp"}
     assert [r["rank"] for r in rows] == [0, 1] * 3
@@ -191,9 +197,7 @@ def test_slowdown_stretches_the_reported_compute(coordinator, tmp_path):
         s.gradients_ready()
         s.step_done()
     s.close()
-    assert c.finished.wait(5)
-    c.stop()
-    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    rows = finished_records(c)
     assert [r["slowdown"] for r in rows] == [1.0, 3.0, 3.0]
     assert rows[1]["compute_s"] == pytest.approx(3 * rows[0]["compute_s"], rel=0.5)
     assert np.isfinite(rows[2]["predicted_speed"])
@@ -214,9 +218,7 @@ def test_records_get_their_prediction_whatever_order_the_reports_arrive_in(coord
             s.step_done()
     for s in ss:
         s.close()
-    assert c.finished.wait(5)
-    c.stop()
-    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    rows = finished_records(c)
     assert [(r["iteration"], r["rank"]) for r in rows] == [(t, r) for t in range(3) for r in (0, 1)]
     last = [r for r in rows if r["iteration"] == 2]
     assert all(r["predicted_speed"] is not None for r in last), last
@@ -234,9 +236,7 @@ def test_untimed_work_is_not_compute(coordinator, tmp_path):
         s.gradients_ready()
         s.step_done()
     s.close()
-    assert c.finished.wait(5)
-    c.stop()
-    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    rows = finished_records(c)
     assert rows[1]["compute_s"] < 0.1
     assert rows[1]["iteration_s"] >= 0.3        # the wall time still shows it
 

@@ -10,32 +10,24 @@ The synthetic traces are generated here with fixed seeds:
 """
 import csv
 import json
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import run_mxlbbsp
 from mxlbbsp import trace as _trace
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import predictors as _bench_predictors  # noqa: E402
+
 HEADER = ["iteration", "rank", "speed", "cpu_percent", "mem_percent"]
 
 
-def switching(seed, T=600, ranks=2, p_switch=0.1, drop=0.5, noise=0.03, lead=True):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for r in range(ranks):
-        base = 150.0 + 100.0 * r
-        load = np.zeros(T + 1)
-        for t in range(1, T + 1):
-            load[t] = 1 - load[t - 1] if rng.random() < p_switch else load[t - 1]
-        speed = base * (1 - drop * load[:T]) * np.exp(rng.normal(0, noise, T))
-        if lead:
-            cpu = 40 + 50 * load[1:] + rng.normal(0, 3, T)     # the load of t+1, seen at t
-        else:
-            cpu = 60 + rng.normal(0, 3, T)
-        mem = 50 + rng.normal(0, 1, T)
-        rows += [[t, r, speed[t], cpu[t], mem[t]] for t in range(T)]
-    return rows
+def switching(seed, **kw):
+    """The rows of benchmarks/predictors.py's synthetic trace (the same generator serves
+    the benchmark's table and these checks), as lists."""
+    return [list(row) for row in _bench_predictors.switching(seed, **kw)]
 
 
 def write(path, rows, header=HEADER):
