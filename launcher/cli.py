@@ -100,6 +100,10 @@ def cli(verbose):
 @click.option("--bind", metavar="ADDR",
               help="Address of this machine for the scheduler and coordinator (default: "
                    "127.0.0.1 without -H, else the one facing the first host).")
+@click.option("--ps-interface", metavar="IFACE",
+              help="Network interface ps-lite (scheduler, servers, workers) binds to, e.g. "
+                   "a private network's; it must exist on every host. Default for --bind: "
+                   "its address here. Default: ps-lite's own choice (see README, Security).")
 @click.option("--ssh-port", type=int, metavar="PORT", help="SSH port (a host:port wins).")
 @click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
 @click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
@@ -112,7 +116,7 @@ def cli(verbose):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
-           stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
+           stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
     from .job import Job
 
@@ -122,7 +126,7 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
         threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
-        stall_timeout=stall_timeout, bind=bind, ssh_port=ssh_port, ssh_identity=ssh_identity,
+        stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
         dry_run=dry_run)
     if sync == "r2sp":

@@ -7,9 +7,13 @@ it and raises :class:`ConfigError` with a one-line message that says what to do)
 from __future__ import annotations
 
 import dataclasses
+import errno
+import math
 import os
 import re
 import shutil
+import socket
+import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from mxlbbsp import _env, predictors
@@ -39,8 +43,108 @@ def parse_env(items) -> Dict[str, str]:
         if not sep or not _ENV_KEY.match(key):
             raise ConfigError(f"--env {item!r}: expected KEY=VALUE with KEY a variable name, "
                               "e.g. --env MXNET_ENGINE_TYPE=NaiveEngine")
+        if key in _env.RESERVED:
+            option = _env.RESERVED[key]
+            instead = f"; use {option} instead" if option else ""
+            raise ConfigError(
+                f"--env {key}: reserved, mxlbbsp sets it for the job's processes itself{instead} "
+                f"(reserved: {', '.join(sorted(_env.RESERVED))})")
         env[key] = value
     return env
+
+
+def _finite(value, option: str, meaning: str) -> None:
+    """nan and inf parse as floats but mean nothing for a duration or a count."""
+    if value is not None and not math.isfinite(value):
+        raise ConfigError(f"{option} {value}: must be a finite number ({meaning})")
+
+
+def interface_addresses(name: str) -> List[str]:
+    """The IPv4 addresses of network interface ``name`` on this host (ConfigError if none)."""
+    import psutil
+
+    interfaces = psutil.net_if_addrs()
+    if name not in interfaces:
+        raise ConfigError(f"--ps-interface {name!r}: no such network interface on this host; "
+                          f"choose one of {', '.join(sorted(interfaces))} (it must exist on "
+                          "every host of the job)")
+    addresses = [a.address for a in interfaces[name] if a.family == socket.AF_INET]
+    if not addresses:
+        raise ConfigError(f"--ps-interface {name!r} has no IPv4 address on this host, and "
+                          "ps-lite binds to an interface's IPv4 address; choose another")
+    return addresses
+
+
+def _probe_space(path: str, what: str) -> None:
+    """A file system with no free block fails the first write: refuse it now."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return
+    if st.f_blocks and st.f_bavail == 0:
+        raise ConfigError(f"{what}: the file system of {path!r} is full; free some space or "
+                          "choose another place")
+
+
+def check_output_file(path: str, what: str) -> None:
+    """``path`` can be created or appended to, and written (without touching its content)."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{what} {path!r}: folder {parent!r} does not exist")
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} is a folder; give a file name, e.g. "
+                          f"{os.path.join(path, 'metrics.jsonl')}")
+    existed = os.path.exists(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path!r}: cannot write there ({exc.strerror}); choose "
+                          "another path") from None
+    try:
+        if not os.path.isfile(path):
+            # a device (e.g. /dev/full): one probe byte shows whether it takes writes
+            try:
+                os.write(fd, b"\n")
+            except OSError as exc:
+                raise ConfigError(f"{what} {path!r}: cannot write there ({exc.strerror}); "
+                                  "choose another path") from None
+    finally:
+        os.close(fd)
+        if not existed:
+            os.unlink(path)
+    if not existed or os.path.isfile(path):
+        _probe_space(parent, f"{what} {path!r}")
+
+
+def check_output_dir(path: str, what: str, create: bool) -> None:
+    """``path`` is (or can be made) a folder where files can be created."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} exists and is not a folder")
+    if not os.path.isdir(path):
+        if not create:        # --dry-run creates nothing: the nearest existing folder decides
+            parent = os.path.abspath(path)
+            while not os.path.isdir(parent):
+                parent = os.path.dirname(parent)
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {path!r}: cannot create the folder in {parent!r} "
+                                  "(permission denied); choose another")
+            return
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{what} {path!r}: cannot create the folder ({exc.strerror}); "
+                              "choose another") from None
+    try:
+        with tempfile.TemporaryFile(dir=path, prefix=".mxlbbsp-probe-") as fh:
+            fh.write(b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        hint = "free some space or choose another" if exc.errno == errno.ENOSPC else \
+            "choose another"
+        raise ConfigError(f"{what} {path!r}: cannot write there ({exc.strerror}); "
+                          f"{hint}") from None
+    _probe_space(path, f"{what} {path!r}")
 
 
 def parse_ssh_options(items) -> List[Tuple[str, str]]:
@@ -77,6 +181,7 @@ class LaunchConfig:
     stall_timeout: Optional[float] = None
     start_timeout: float = 120.0
     bind: Optional[str] = None
+    ps_interface: Optional[str] = None
     ssh_port: Optional[int] = None
     ssh_identity: Optional[str] = None
     ssh_options: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -116,6 +221,10 @@ class LaunchConfig:
                               "sample")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
+        _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
+        _finite(self.progress, "--progress", "seconds between progress lines, 0 for none")
+        _finite(self.stall_timeout, "--stall-timeout", "seconds")
+        _finite(self.start_timeout, "--start-timeout", "seconds")
         if self.progress < 0:
             raise ConfigError("--progress must be >= 0 seconds (0 turns progress lines off)")
         if self.stall_timeout is not None and self.stall_timeout <= 0:
@@ -128,18 +237,18 @@ class LaunchConfig:
             raise ConfigError(f"--ssh-identity {self.ssh_identity!r}: no such file")
         if self.hostfile is not None and not os.path.isfile(self.hostfile):
             raise ConfigError(f"-H/--hostfile {self.hostfile!r}: no such file")
-        for path, what in ((self.metrics, "--metrics"),):
-            if path:
-                parent = os.path.dirname(os.path.abspath(path)) or "."
-                if not os.path.isdir(parent):
-                    raise ConfigError(f"{what} {path!r}: folder {parent!r} does not exist")
-                if os.path.isdir(path):
-                    raise ConfigError(f"{what} {path!r} is a folder; give a file name, e.g. "
-                                      f"{os.path.join(path, 'metrics.jsonl')}")
-        if self.log_dir and os.path.exists(self.log_dir) and not os.path.isdir(self.log_dir):
-            raise ConfigError(f"--log-dir {self.log_dir!r} exists and is not a folder")
+        if self.metrics:
+            check_output_file(self.metrics, "--metrics")
+        if self.log_dir:
+            check_output_dir(self.log_dir, "--log-dir", create=not self.dry_run)
         if self.bind is not None and not self.bind.strip():
             raise ConfigError("--bind needs an address this machine listens on")
+        if self.ps_interface is not None:
+            addresses = interface_addresses(self.ps_interface)
+            if self.bind is not None and self.bind not in addresses:
+                raise ConfigError(f"--bind {self.bind} is not an address of --ps-interface "
+                                  f"{self.ps_interface} ({', '.join(addresses)}); drop --bind "
+                                  "(the interface's address is the default) or give one of those")
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
 

@@ -31,7 +31,7 @@ from mxlbbsp import _env
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
 from . import ssh
-from .config import ConfigError, LaunchConfig
+from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
 from .hostfile import LOCAL, Host, Placement, parse_hostfile, place
 from .procs import Output, RoleProcess, local_transport, stop_all
@@ -74,7 +74,7 @@ def _listening(host: str, port: int) -> bool:
 class Job:
     def __init__(self, config: LaunchConfig, output: Optional[Output] = None):
         self.config = config
-        self.output = output or Output(config.log_dir)
+        self.output = output or Output(None if config.dry_run else config.log_dir)
         self.remote = config.hostfile is not None
         if self.remote:
             self.hosts = parse_hostfile(config.hostfile)
@@ -87,6 +87,8 @@ class Job:
         self.placement: Placement = place(self.hosts, n, config.num_servers)
         self.token = secrets.token_hex(16)
         self.bind = config.bind or ("127.0.0.1" if not self.remote else None)
+        if config.ps_interface and not config.bind:
+            self.bind = interface_addresses(config.ps_interface)[0]
         self.procs: List[RoleProcess] = []
         self.scheduler: Optional[RoleProcess] = None
         self.servers: List[RoleProcess] = []
@@ -119,6 +121,10 @@ class Job:
         return env
 
     def _node_host(self, host: Host) -> Optional[str]:
+        if self.config.ps_interface:
+            # locally: the interface's address here; remotely ps-lite takes the address of
+            # DMLC_INTERFACE on each host (DMLC_NODE_HOST would win over it)
+            return None if self.remote else self.bind
         return host.address if self.remote else "127.0.0.1"
 
     def _transport(self, host: Host) -> List[str]:
@@ -143,7 +149,8 @@ class Job:
                 per_host: Optional[int]) -> Dict[str, str]:
         env = self._base_env(host, per_host)
         env.update(_env.ps_env(role, self.bind, port, self.config.num_servers,
-                               self.config.num_workers, self._node_host(host)))
+                               self.config.num_workers, self._node_host(host),
+                               self.config.ps_interface))
         return env
 
     def _build(self, scheduler_port: int, coordinator_addr) -> None:

@@ -13,6 +13,8 @@ DMLC_PS_ROOT_PORT      its port
 DMLC_NUM_SERVER        number of parameter servers
 DMLC_NUM_WORKER        number of workers
 DMLC_NODE_HOST         the address this node announces to its peers (optional)
+DMLC_INTERFACE         the network interface whose address ps-lite binds to and announces
+                       when DMLC_NODE_HOST is absent (``mxlbbsp launch --ps-interface``)
 =====================  ===========================================================
 
 mxlbbsp's own:
@@ -41,6 +43,7 @@ PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
 NUM_SERVER = "DMLC_NUM_SERVER"
 NUM_WORKER = "DMLC_NUM_WORKER"
 NODE_HOST = "DMLC_NODE_HOST"
+INTERFACE = "DMLC_INTERFACE"
 
 COORDINATOR = "MXLBBSP_COORDINATOR"
 TOKEN = "MXLBBSP_TOKEN"
@@ -49,6 +52,16 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
+
+#: every variable the launcher writes for the job itself (ps_env, worker_env): `--env` may
+#: not override them. Each maps to the launcher option that sets it (None: none, it is the
+#: job's own).
+RESERVED = {
+    ROLE: None, PS_ROOT_URI: "--bind", PS_ROOT_PORT: None, NUM_SERVER: "-s/--num-servers",
+    NUM_WORKER: "-n/--num-workers", NODE_HOST: "--bind", INTERFACE: "--ps-interface",
+    COORDINATOR: "--bind", TOKEN: None, SYNC: "--sync", RANK: None, HOST: None,
+    SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
+}
 
 SYNC_MODES = ("lbbsp", "bsp", "asp", "r2sp")
 #: sync modes whose MXNet kvstore is dist_async rather than dist_sync
@@ -145,7 +158,7 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,
-           node_host: Optional[str] = None) -> dict:
+           node_host: Optional[str] = None, interface: Optional[str] = None) -> dict:
     """The DMLC_* variables for one ps-lite process."""
     env = {
         ROLE: role_name,
@@ -156,6 +169,8 @@ def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_work
     }
     if node_host:
         env[NODE_HOST] = node_host
+    if interface:
+        env[INTERFACE] = interface
     return env
 
 

@@ -30,12 +30,17 @@ from typing import Dict, List, Optional, TextIO
 import numpy as np
 
 from . import balancer as _bal
+from . import metrics as _metrics
 from . import predictors as _pred
 from . import protocol as P
 
 log = logging.getLogger(__name__)
 
 TIME_MODELS = ("linear", "affine")
+
+#: "refused a connection" warnings: the first few one by one, then one line per interval
+REFUSALS_SHOWN = 5
+REFUSAL_SUMMARY_S = 10.0
 
 
 @dataclasses.dataclass
@@ -106,12 +111,16 @@ class Coordinator:
         self._recent: List[tuple] = []               # (monotonic time, samples) per iteration
         self._last_change = time.monotonic()
         self._metrics: Optional[TextIO] = None
+        self._metrics_failed = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
         self.alloc_latency: List[float] = []         # seconds from last report to broadcast
-        # per rank: records, samples, compute seconds, wait seconds, iteration seconds
-        self._totals = np.zeros((n, 5))
+        # the figures of the end-of-job summary, computed as `mxlbbsp report` computes them
+        self._totals = _metrics.Totals(skip=config.warmup)
+        self.refused = 0                             # connections refused before a hello
+        self._refusals_unshown = 0
+        self._refusal_timer = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -164,7 +173,10 @@ class Coordinator:
             self._thread.join(timeout=5)
         if self._metrics is not None:
             self._flush_records(final=True)
-            self._metrics.close()
+            try:
+                self._metrics.close()
+            except OSError:         # already reported by _flush_records
+                pass
             self._metrics = None
 
     @property
@@ -173,16 +185,10 @@ class Coordinator:
         return len(self._hellos)
 
     def summary(self) -> Optional[dict]:
-        """Totals over the records written so far (None before the first)."""
-        count, samples, compute, wait, it = self._totals.sum(axis=0)
-        if count == 0:
-            return None
-        # As mxlbbsp.metrics.summarize: each worker's samples over its own time, added up
-        # (the same as B / iteration time when synchronous; right for ASP too).
-        per_rank = self._totals[:, 4] > 0
-        rate = float(np.sum(self._totals[per_rank, 1] / self._totals[per_rank, 4]))
-        return {"iterations": int(self._totals[:, 0].max()), "samples": int(samples),
-                "samples_per_s": rate, "wait_share": wait / it if it > 0 else 0.0}
+        """The run's figures over the records written so far, warm-up left out, exactly as
+        ``mxlbbsp report`` computes them from the metrics file (:class:`mxlbbsp.metrics.Totals`);
+        None before the first record after the warm-up."""
+        return self._totals.summary()
 
     def progress(self) -> Progress:
         recent = self._recent[-20:]
@@ -198,13 +204,12 @@ class Coordinator:
         """One message of a connection; False when the connection is done with."""
         rank = conn.rank
         try:
-            msg = P.decode(line)
+            # before authentication nothing longer than a hello is parsed
+            msg = P.decode(line, P.MAX_HELLO if rank is None else P.MAX_LINE)
             kind = msg["type"]
             if rank is None:
                 if kind != P.HELLO or not P.token_ok(msg, self.config.token):
-                    log.warning("refused a connection from %s: bad hello or token",
-                                conn.transport.get_extra_info("peername"))
-                    conn.transport.close()
+                    self._refuse(conn, "bad hello or token")
                     return False
                 conn.rank = self._on_hello(msg, conn.transport)
                 if conn.rank is None:
@@ -221,10 +226,39 @@ class Coordinator:
                     self.finished.set()
             else:
                 raise P.ProtocolError(f"unexpected message {kind!r}")
-        except (P.ProtocolError, ValueError, KeyError, TypeError) as exc:
-            self._reject(conn, str(exc))
+        except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            if rank is None:
+                self._refuse(conn, str(exc) if isinstance(exc, P.ProtocolError)
+                             else "malformed hello")
+            else:
+                self._reject(conn, str(exc) if not isinstance(exc, RecursionError)
+                             else "message nested too deeply")
             return False
         return True
+
+    def _refuse(self, conn: "_Connection", reason: str) -> None:
+        """Close a connection that never authenticated; warn about the first few only, then
+        one line per REFUSAL_SUMMARY_S seconds with the count (a port scan or a flood must
+        not flood the user's output)."""
+        self.refused += 1
+        if self.refused <= REFUSALS_SHOWN:
+            more = " (further refusals are counted, one line per " \
+                   f"{REFUSAL_SUMMARY_S:g} s)" if self.refused == REFUSALS_SHOWN else ""
+            log.warning("refused a connection from %s: %s%s",
+                        conn.transport.get_extra_info("peername"), reason, more)
+        else:
+            self._refusals_unshown += 1
+            if self._refusal_timer is None:
+                self._refusal_timer = asyncio.get_running_loop().call_later(
+                    REFUSAL_SUMMARY_S, self._refusal_summary)
+        conn.transport.close()
+
+    def _refusal_summary(self) -> None:
+        self._refusal_timer = None
+        if self._refusals_unshown:
+            log.warning("refused %d more connection(s) in the last %g s (bad hello or token; "
+                        "%d in all)", self._refusals_unshown, REFUSAL_SUMMARY_S, self.refused)
+            self._refusals_unshown = 0
 
     def _reject(self, conn: "_Connection", reason: str) -> None:
         """A malformed message: a registered worker's is a job failure; close either way."""
@@ -450,17 +484,23 @@ class Coordinator:
             if "report" not in parts:
                 continue
             rec = self._record(t, rank, parts["report"], parts.get("done"))
-            if rec["wait_s"] is not None and rec["iteration_s"] is not None:
-                self._totals[rank] += (1, rec["batch_size"], rec["compute_s"], rec["wait_s"],
-                                       rec["iteration_s"])
+            self._totals.add(rec)
             lines.append(json.dumps(rec, allow_nan=False))
-        if lines and self.config.metrics_path:
-            if self._metrics is None:
-                # Opened at the first record, so that a job rejected at registration leaves
-                # an earlier metrics file untouched.
-                self._metrics = open(self.config.metrics_path, "w")
-            self._metrics.write("\n".join(lines) + "\n")
-            self._metrics.flush()
+        if lines and self.config.metrics_path and not self._metrics_failed:
+            try:
+                if self._metrics is None:
+                    # Opened at the first record, so that a job rejected at registration
+                    # leaves an earlier metrics file untouched.
+                    self._metrics = open(self.config.metrics_path, "w")
+                self._metrics.write("\n".join(lines) + "\n")
+                self._metrics.flush()
+            except OSError as exc:
+                # e.g. ENOSPC: the job stops with this one line (exit 2, as a --metrics path
+                # refused at launch), not with the workers' "lost connection"
+                self._metrics_failed = True
+                self._fail(f"cannot write the metrics file {self.config.metrics_path!r} "
+                           f"({exc.strerror or exc}); free some space or choose another "
+                           "--metrics path", kind="config")
         pending = {t for t, _ in self._records}
         for t in [t for t in self._predicted if t <= self._iteration and t not in pending]:
             del self._predicted[t]
@@ -488,12 +528,18 @@ class _Connection(asyncio.Protocol):
         if self.rank is None:
             self.transport.close()
 
+    def _limit(self) -> int:
+        """The longest line read: a hello's until the connection has authenticated."""
+        return P.MAX_HELLO if self.rank is None else P.MAX_LINE
+
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():     # refused or rejected: read nothing more
+            return
         buffer = self._buffer
         buffer += data
         start = 0
         while True:
-            end = buffer.find(b"\n", start)
+            end = buffer.find(b"\n", start, start + self._limit() + 1)
             if end < 0:
                 break
             line = bytes(buffer[start:end])
@@ -502,9 +548,13 @@ class _Connection(asyncio.Protocol):
                 buffer.clear()
                 return
         del buffer[:start]
-        if len(buffer) > P.MAX_LINE:
+        limit = self._limit()
+        if len(buffer) > limit:
             buffer.clear()
-            self.coordinator._reject(self, "message too long")
+            if self.rank is None:
+                self.coordinator._refuse(self, f"first line longer than {limit} bytes")
+            else:
+                self.coordinator._reject(self, f"message longer than {limit} bytes")
 
     def connection_lost(self, exc) -> None:
         if self._hello_timer is not None:

@@ -29,23 +29,29 @@ def load(path: str) -> List[dict]:
     """The records of a metrics file, checked for the required fields."""
     records = []
     try:
-        fh = open(path)
+        fh = open(path, encoding="utf-8")
     except OSError as exc:
         raise MetricsError(f"cannot read {path!r}: {exc.strerror}") from None
     with fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise MetricsError(f"{path}:{number}: not a JSON object") from None
-            if not isinstance(rec, dict):
-                raise MetricsError(f"{path}:{number}: not a JSON object")
-            missing = [f for f in REQUIRED if f not in rec]
-            if missing:
-                raise MetricsError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
-            records.append(rec)
+        number = 0
+        try:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except (ValueError, RecursionError):
+                    raise MetricsError(f"{path}:{number}: not a JSON object") from None
+                if not isinstance(rec, dict):
+                    raise MetricsError(f"{path}:{number}: not a JSON object")
+                missing = [f for f in REQUIRED if f not in rec]
+                if missing:
+                    raise MetricsError(f"{path}:{number}: missing field(s) "
+                                       f"{', '.join(missing)}")
+                records.append(rec)
+        except UnicodeDecodeError:
+            raise MetricsError(f"{path}:{number + 1}: not UTF-8 text (a metrics file is JSON "
+                               "Lines)") from None
     if not records:
         raise MetricsError(f"{path}: no records")
     return records
@@ -64,42 +70,82 @@ def _num(x) -> Optional[float]:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def summarize(records: Iterable[dict], skip: int = 1) -> dict:
-    """Throughput and waiting of a run, leaving out the first ``skip`` iterations (warm-up).
+class Totals:
+    """The run's figures, accumulated record by record: the one place they are computed.
+
+    Both the launcher's end-of-job line (the coordinator adds each record as it writes it)
+    and ``mxlbbsp report`` (:func:`summarize`, from the file) use this class, so the two
+    always agree. Records of iterations below ``skip`` (warm-up: graph building) are left out.
 
     samples_per_s: the sum over workers of samples / (its summed iteration time), which for
     the synchronous modes is B / mean iteration time, and stays right for ASP where workers
     run different numbers of iterations per second. wait_share: the fraction of a worker's
     time spent waiting for others (allocation + push/pull), averaged over workers.
     """
-    ranks = by_rank(r for r in records if r["iteration"] >= skip)
-    if not ranks:
-        raise MetricsError("no records after the warm-up iterations")
-    per_rank = {}
-    rate = 0.0
-    for rank, rows in sorted(ranks.items()):
-        it = [_num(r.get("iteration_s")) for r in rows]
-        it = [x for x in it if x is not None]
-        wait = [_num(r.get("wait_s")) or 0.0 for r in rows]
-        samples = sum(int(r["batch_size"]) for r in rows)
-        total = sum(it)
-        if total > 0:
-            rate += samples / total
-        per_rank[rank] = {
-            "iterations": len(rows),
-            "mean_batch": samples / len(rows),
-            "mean_compute_s": sum(float(r["compute_s"]) for r in rows) / len(rows),
-            "mean_wait_s": sum(wait) / len(rows),
-            "mean_iteration_s": total / len(it) if it else float("nan"),
-            "mean_speed": sum(float(r["speed"]) for r in rows) / len(rows),
-            "wait_share": sum(wait) / total if total > 0 else float("nan"),
+
+    # per rank: rows, samples, compute_s, speed, wait_s, iteration_s, rows with iteration_s
+    _FIELDS = 7
+
+    def __init__(self, skip: int = 1):
+        self.skip = skip
+        self._ranks: Dict[int, List[float]] = {}
+
+    def add(self, rec: dict) -> None:
+        if rec["iteration"] < self.skip:
+            return
+        sums = self._ranks.setdefault(int(rec["rank"]), [0.0] * self._FIELDS)
+        it = _num(rec.get("iteration_s"))
+        sums[0] += 1
+        sums[1] += int(rec["batch_size"])
+        sums[2] += float(rec["compute_s"])
+        sums[3] += float(rec["speed"])
+        sums[4] += _num(rec.get("wait_s")) or 0.0
+        if it is not None:
+            sums[5] += it
+            sums[6] += 1
+
+    def per_rank(self) -> Dict[int, dict]:
+        out = {}
+        for rank, (rows, samples, compute, speed, wait, total, timed) in sorted(
+                self._ranks.items()):
+            out[rank] = {
+                "iterations": int(rows),
+                "samples": int(samples),
+                "mean_batch": samples / rows,
+                "mean_compute_s": compute / rows,
+                "mean_wait_s": wait / rows,
+                "mean_iteration_s": total / timed if timed else float("nan"),
+                "mean_speed": speed / rows,
+                "wait_share": wait / total if total > 0 else float("nan"),
+                "samples_per_s": samples / total if total > 0 else 0.0,
+            }
+        return out
+
+    def summary(self) -> Optional[dict]:
+        """workers, iterations, samples, samples_per_s, mean_iteration_s, wait_share,
+        per_rank; None when no record is past the warm-up."""
+        per_rank = self.per_rank()
+        if not per_rank:
+            return None
+        iteration_s = [p["mean_iteration_s"] for p in per_rank.values()]
+        return {
+            "workers": len(per_rank),
+            "iterations": max(p["iterations"] for p in per_rank.values()),
+            "samples": sum(p["samples"] for p in per_rank.values()),
+            "samples_per_s": sum(p["samples_per_s"] for p in per_rank.values()),
+            "mean_iteration_s": sum(iteration_s) / len(iteration_s),
+            "wait_share": sum(p["wait_share"] for p in per_rank.values()) / len(per_rank),
+            "per_rank": per_rank,
         }
-    iteration_s = [p["mean_iteration_s"] for p in per_rank.values()]
-    return {
-        "workers": len(per_rank),
-        "iterations": max(p["iterations"] for p in per_rank.values()),
-        "samples_per_s": rate,
-        "mean_iteration_s": sum(iteration_s) / len(iteration_s),
-        "wait_share": sum(p["wait_share"] for p in per_rank.values()) / len(per_rank),
-        "per_rank": per_rank,
-    }
+
+
+def summarize(records: Iterable[dict], skip: int = 1) -> dict:
+    """Throughput and waiting of a run, leaving out the first ``skip`` iterations (warm-up);
+    the figures of :class:`Totals`."""
+    totals = Totals(skip)
+    for rec in records:
+        totals.add(rec)
+    result = totals.summary()
+    if result is None:
+        raise MetricsError("no records after the warm-up iterations")
+    return result

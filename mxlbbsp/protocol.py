@@ -27,6 +27,11 @@ import json
 from typing import Any, Dict, Optional, Sequence
 
 MAX_LINE = 1 << 20  # bytes; longer lines are a protocol error
+#: before a connection has authenticated (its first line, the hello), nothing longer is read
+MAX_HELLO = 4096
+#: no message of this protocol holds more than a couple of arrays/objects; a line with more
+#: brackets than this is refused before json.loads (whose recursion a deep one would exhaust)
+MAX_CONTAINERS = 64
 
 HELLO, REPORT, DONE, BYE = "hello", "report", "done", "bye"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
@@ -40,13 +45,18 @@ def encode(msg: Dict[str, Any]) -> bytes:
     return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def decode(line: bytes) -> Dict[str, Any]:
-    if len(line) > MAX_LINE:
-        raise ProtocolError("message too long")
+def decode(line: bytes, max_len: int = MAX_LINE) -> Dict[str, Any]:
+    if len(line) > max_len:
+        raise ProtocolError(f"message longer than {max_len} bytes")
+    if line.count(b"[") + line.count(b"{") > MAX_CONTAINERS:
+        raise ProtocolError(f"message with more than {MAX_CONTAINERS} nested or listed "
+                            "arrays/objects")
     try:
         msg = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("message nested too deeply") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("a message is a JSON object with a string 'type'")
     return msg
