@@ -83,7 +83,13 @@ def predict(trace_path, spec, as_json):
         out = {name: {"mape": r["mape"], "rmse": r["rmse"],
                       "per_rank": {str(rank): pr for rank, pr in r["per_rank"].items()}}
                for name, r in result.items()}
-        click.echo(json.dumps(out, allow_nan=False))
+        try:
+            text = json.dumps(out, allow_nan=False)
+        except ValueError:
+            raise ConfigError(f"{trace_path}: a score exceeds the range of a float (speeds near "
+                              "1e308?), which JSON cannot hold; rescale the speed column") \
+                from None
+        click.echo(text)
         return 0
     click.echo(_table(trace, names, result))
     return 0

@@ -77,11 +77,14 @@ def parse_hostfile(path: str) -> List[Host]:
             raise ConfigError(f"{where}: {fields[0]!r} is not a host; expected host, host:port, "
                               "user@host or 'host slots=N'")
         slots = 1
-        for extra in fields[1:]:
+        for k, extra in enumerate(fields[1:]):
             s = _SLOTS.match(extra)
             if not s:
                 raise ConfigError(f"{where}: unexpected {extra!r}; the only option after a host "
                                   "is slots=N")
+            if k:
+                raise ConfigError(f"{where}: slots= given {len(fields) - 1} times; give it once, "
+                                  f"e.g. '{fields[0]} {extra}'")
             slots = int(s.group("n"))
             if slots < 1:
                 raise ConfigError(f"{where}: slots must be at least 1")

@@ -373,7 +373,8 @@ class Job:
         summary = self.coordinator.summary()
         if summary:
             self.output.say(
-                f"done in {elapsed:.1f} s: {summary['iterations']} iterations, "
+                f"done in {elapsed:.1f} s: {summary['iterations']} iterations after the "
+                f"warm-up, "
                 f"{summary['samples_per_s']:.1f} samples/s, workers waited "
                 f"{100 * summary['wait_share']:.1f}% of the time"
                 + (f"; metrics in {self.config.metrics}" if self.config.metrics else ""))

@@ -95,23 +95,36 @@ def _parse_csv(path: str, num_workers: int) -> List[Schedule]:
     if not os.path.isfile(path):
         raise SlowdownError(f"--emulate-slowdown: no such file {path!r}")
     points: Dict[int, List[Tuple[int, float]]] = {r: [] for r in range(num_workers)}
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = {"iteration", "rank", "slowdown"} - set(reader.fieldnames or ())
-        if missing:
-            raise SlowdownError(f"{path}: header must have columns iteration,rank,slowdown "
-                                f"(missing {', '.join(sorted(missing))})")
-        for row in reader:
-            line = reader.line_num
-            try:
-                it, rank, f = int(row["iteration"]), int(row["rank"]), float(row["slowdown"])
-                f = _factor(f)
-            except (TypeError, ValueError) as exc:
-                raise SlowdownError(f"{path}:{line}: {exc}") from None
-            if not 0 <= rank < num_workers:
-                raise SlowdownError(f"{path}:{line}: rank {rank} is outside 0..{num_workers - 1} "
-                                    f"(-n is {num_workers})")
-            if it < 0:
-                raise SlowdownError(f"{path}:{line}: iteration {it} is negative")
-            points[rank].append((it, f))
+    seen: Dict[Tuple[int, int], int] = {}     # (rank, iteration) -> line
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = {"iteration", "rank", "slowdown"} - set(reader.fieldnames or ())
+            if missing:
+                raise SlowdownError(f"{path}: header must have columns iteration,rank,slowdown "
+                                    f"(missing {', '.join(sorted(missing))})")
+            for row in reader:
+                line = reader.line_num
+                try:
+                    it, rank, f = int(row["iteration"]), int(row["rank"]), float(row["slowdown"])
+                    f = _factor(f)
+                except (TypeError, ValueError) as exc:
+                    raise SlowdownError(f"{path}:{line}: {exc}") from None
+                if not 0 <= rank < num_workers:
+                    raise SlowdownError(f"{path}:{line}: rank {rank} is outside 0..{num_workers - 1} "
+                                        f"(-n is {num_workers})")
+                if it < 0:
+                    raise SlowdownError(f"{path}:{line}: iteration {it} is negative")
+                if (rank, it) in seen:
+                    raise SlowdownError(f"{path}:{line}: rank {rank}, iteration {it} already has a "
+                                        f"slowdown on line {seen[rank, it]}; keep one of the rows")
+                seen[rank, it] = line
+                points[rank].append((it, f))
+    except UnicodeDecodeError:
+        raise SlowdownError(f"{path}: not a text (UTF-8) CSV file; expected the header "
+                            "iteration,rank,slowdown") from None
+    except csv.Error as exc:
+        raise SlowdownError(f"{path}: not valid CSV: {exc}") from None
+    except OSError as exc:
+        raise SlowdownError(f"--emulate-slowdown: cannot read {path!r}: {exc.strerror}") from None
     return [Schedule(points[r]) for r in range(num_workers)]

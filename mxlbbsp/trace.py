@@ -32,6 +32,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import os
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -141,16 +142,27 @@ def load(path: str) -> Trace:
     return Trace(path, exog_cols, ranks)
 
 
+#: iterations and ranks are stored as int64
+_INT_MAX = np.iinfo(np.int64).max
+
+
 def _integer(text: str, path: str, line: int, column: str) -> int:
     try:
-        value = float(text)
+        value = int(text)                   # exact, however many digits
     except ValueError:
-        raise TraceError(f"{path}:{line}: column {column}: {text!r} is not a number; fix or "
-                         "delete that row") from None
-    if not value.is_integer():
-        raise TraceError(f"{path}:{line}: column {column}: {text!r} is not an integer; fix or "
-                         "delete that row")
-    return int(value)
+        try:
+            number = float(text)            # "3.0", "1e3"
+        except ValueError:
+            raise TraceError(f"{path}:{line}: column {column}: {text!r} is not a number; fix "
+                             "or delete that row") from None
+        if not number.is_integer():
+            raise TraceError(f"{path}:{line}: column {column}: {text!r} is not an integer; fix "
+                             "or delete that row")
+        value = int(number)
+    if abs(value) > _INT_MAX:
+        raise TraceError(f"{path}:{line}: column {column}: {text.strip()} is out of range "
+                         f"(at most {_INT_MAX}); fix or delete that row")
+    return value
 
 
 def _number(text: str, path: str, line: int, column: str, required: bool = False) -> float:
@@ -183,8 +195,14 @@ def _score(y: np.ndarray, f: np.ndarray) -> dict:
     y, f = y[keep], f[keep]
     if not len(y):
         return {"mape": None, "rmse": None, "count": 0}
-    return {"mape": float(100.0 * np.mean(np.abs(y - f) / y)),
-            "rmse": float(np.sqrt(np.mean((y - f) ** 2))), "count": int(len(y))}
+    # In units of the largest value, so that speeds near the float range (1e308) neither
+    # overflow y - f nor its square; the result is the same for ordinary speeds.
+    scale = float(max(np.max(np.abs(y)), np.max(np.abs(f))))
+    ys, fs = y / scale, f / scale
+    with np.errstate(over="ignore"):
+        rmse = scale * float(np.sqrt(np.mean((ys - fs) ** 2)))
+    return {"mape": float(100.0 * np.mean(np.abs(ys - fs) / ys)),
+            "rmse": rmse, "count": int(len(y))}
 
 
 def evaluate(trace: Trace, names: Sequence[str], options: Optional[dict] = None) -> dict:
@@ -217,6 +235,9 @@ def from_metrics(metrics_path: str, trace_path: str, skip: int = 1) -> int:
     memory, so its speed says nothing about the next one (the coordinator does not learn
     from it either). A missing CPU or memory reading becomes an empty value.
     """
+    if _same_file(metrics_path, trace_path):
+        raise TraceError(f"the trace {trace_path!r} would overwrite the metrics file "
+                         f"{metrics_path!r} (the same file); give another -o, e.g. run.csv")
     try:
         records = _metrics.load(metrics_path)
     except _metrics.MetricsError as exc:
@@ -242,6 +263,14 @@ def from_metrics(metrics_path: str, trace_path: str, skip: int = 1) -> int:
     except OSError as exc:
         raise TraceError(f"cannot write {trace_path}: {exc.strerror}") from None
     return len(rows)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether the paths name one file (symlinks, hard links, other spellings)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:         # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _cell(x) -> str:
