@@ -29,29 +29,28 @@ def load(path: str) -> List[dict]:
     """The records of a metrics file, checked for the required fields."""
     records = []
     try:
-        fh = open(path, encoding="utf-8")
+        fh = open(path, "rb")       # decoded line by line, so that an error names its line
     except OSError as exc:
         raise MetricsError(f"cannot read {path!r}: {exc.strerror}") from None
     with fh:
-        number = 0
-        try:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except (ValueError, RecursionError):
-                    raise MetricsError(f"{path}:{number}: not a JSON object") from None
-                if not isinstance(rec, dict):
-                    raise MetricsError(f"{path}:{number}: not a JSON object")
-                missing = [f for f in REQUIRED if f not in rec]
-                if missing:
-                    raise MetricsError(f"{path}:{number}: missing field(s) "
-                                       f"{', '.join(missing)}")
-                records.append(rec)
-        except UnicodeDecodeError:
-            raise MetricsError(f"{path}:{number + 1}: not UTF-8 text (a metrics file is JSON "
-                               "Lines)") from None
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MetricsError(f"{path}:{number}: not UTF-8 text (a metrics file is JSON "
+                                   "Lines)") from None
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                raise MetricsError(f"{path}:{number}: not a JSON object") from None
+            if not isinstance(rec, dict):
+                raise MetricsError(f"{path}:{number}: not a JSON object")
+            missing = [f for f in REQUIRED if f not in rec]
+            if missing:
+                raise MetricsError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+            records.append(rec)
     if not records:
         raise MetricsError(f"{path}: no records")
     return records

@@ -111,7 +111,8 @@ def _parse_csv(path: str, num_workers: int) -> List[Schedule]:
                 except (TypeError, ValueError) as exc:
                     raise SlowdownError(f"{path}:{line}: {exc}") from None
                 if not 0 <= rank < num_workers:
-                    raise SlowdownError(f"{path}:{line}: rank {rank} is outside 0..{num_workers - 1} "
+                    raise SlowdownError(f"{path}:{line}: rank {rank} is outside "
+                                        f"0..{num_workers - 1} "
                                         f"(-n is {num_workers})")
                 if it < 0:
                     raise SlowdownError(f"{path}:{line}: iteration {it} is negative")

@@ -1,0 +1,194 @@
+"""Issue 10, item 6: every bad input is one line `mxlbbsp <cmd>: error: ...`, exit 2, no
+traceback, and nothing started (the commands are real: were an input accepted, a job would
+run, and exit 0)."""
+import json
+import os
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+
+from conftest import PY, processes_with, run_mxlbbsp
+from mxlbbsp import _env
+from mxlbbsp import trace as _trace
+from mxlbbsp.launcher.config import ConfigError, parse_env
+
+#: a worker command that would succeed at once, were the job started
+QUICK = ["--", PY, "-c", "pass"]
+
+
+def one_line_error(r, command="launch"):
+    assert r.rc == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"mxlbbsp {command}: error: "), lines[0]
+    assert "Traceback" not in r.output
+    assert "started" not in r.stdout
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--stall-timeout", "nan"], "--stall-timeout nan: must be a finite number"),
+    (["--stall-timeout", "inf"], "--stall-timeout inf: must be a finite number"),
+    (["--progress", "nan"], "--progress nan: must be a finite number"),
+    (["--progress", "inf"], "--progress inf: must be a finite number"),
+    (["--progress", "-1"], "--progress must be >= 0"),
+    (["--emulate-compute", "inf"], "--emulate-compute inf: must be a finite number"),
+    (["--env", "DMLC_ROLE=server"], "--env DMLC_ROLE: reserved"),
+    (["--env", "MXLBBSP_TOKEN=0123"], "--env MXLBBSP_TOKEN: reserved"),
+    (["--env", "DMLC_NUM_WORKER=5"], "use -n/--num-workers instead"),
+    (["--env", "DMLC_INTERFACE=lo"], "use --ps-interface instead"),
+    (["--metrics", "/proc/m.jsonl"], "--metrics '/proc/m.jsonl': cannot write there"),
+    (["--metrics", "/dev/full"], "--metrics '/dev/full': cannot write there (No space left"),
+    (["--log-dir", "/proc/mxlbbsp-logs"], "--log-dir '/proc/mxlbbsp-logs': cannot create"),
+    (["--ps-interface", "no-such-if0"], "no such network interface on this host"),
+    (["--ps-interface", "lo", "--bind", "10.9.8.7"], "is not an address of --ps-interface lo"),
+])
+def test_bad_launch_option(args, needle):
+    line = one_line_error(run_mxlbbsp("launch", "-n", 1, "--progress", "0", *args, *QUICK)
+                          if "--progress" not in args else
+                          run_mxlbbsp("launch", "-n", 1, *args, *QUICK))
+    assert needle in line
+
+
+def test_reserved_names_are_every_variable_the_launcher_writes():
+    written = set(_env.ps_env("worker", "h", 1, 1, 1, node_host="h", interface="lo"))
+    written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5))
+    assert written == set(_env.RESERVED)
+    # a user's own variable, even with the prefix, stays allowed (tests pass this one)
+    assert parse_env(["MXLBBSP_TEST_MARK=x", "DMLC_LOG_DEBUG=1"]) == {
+        "MXLBBSP_TEST_MARK": "x", "DMLC_LOG_DEBUG": "1"}
+    with pytest.raises(ConfigError, match="reserved"):
+        parse_env(["MXLBBSP_RANK=1"])
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A tiny tmpfs filled to the last block (root only)."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        fd = os.open(where / "fill", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"x" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_metrics_and_log_dir_on_a_full_file_system(full_fs):
+    line = one_line_error(run_mxlbbsp("launch", "-n", 1, "--progress", "0",
+                                      "--metrics", full_fs / "m.jsonl", *QUICK))
+    assert "is full" in line
+    assert not (full_fs / "m.jsonl").exists()
+    line = one_line_error(run_mxlbbsp("launch", "-n", 1, "--progress", "0",
+                                      "--log-dir", full_fs / "logs", *QUICK))
+    assert "No space left on device" in line or "is full" in line
+
+
+def test_metrics_check_leaves_an_existing_file_untouched(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("earlier run\n")
+    r = run_mxlbbsp("launch", "-n", 1, "--metrics", path, "--dry-run", *QUICK)
+    assert r.rc == 0, r.output
+    assert path.read_text() == "earlier run\n"
+    fresh = tmp_path / "new.jsonl"
+    r = run_mxlbbsp("launch", "-n", 1, "--metrics", fresh, "--dry-run", *QUICK)
+    assert r.rc == 0 and not fresh.exists()
+
+
+def test_duplicate_slots_in_a_hostfile(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two\n127.0.0.1 slots=1\n127.0.0.2 slots=2 slots=3\n")
+    line = one_line_error(run_mxlbbsp("launch", "-H", hosts, *QUICK))
+    assert f"{hosts}:3: slots= given 2 times" in line
+
+
+def test_duplicate_rows_in_a_slowdown_csv(tmp_path):
+    csv = tmp_path / "slow.csv"
+    csv.write_text("iteration,rank,slowdown\n0,0,1\n0,1,2\n5,1,3\n5,1,4\n")
+    line = one_line_error(run_mxlbbsp("launch", "-n", 2, "--emulate-slowdown", csv, *QUICK))
+    assert f"{csv}:5: rank 1, iteration 5 already has a slowdown on line 4" in line
+    csv.write_bytes(b"iteration,rank,slowdown\n0,0,\xff\n")
+    line = one_line_error(run_mxlbbsp("launch", "-n", 2, "--emulate-slowdown", csv, *QUICK))
+    assert "not a text (UTF-8) CSV file" in line
+
+
+METRIC = {"iteration": 1, "rank": 0, "batch_size": 4, "compute_s": 1.0, "wait_s": 0.0,
+          "speed": 4.0, "predicted_speed": None, "cpu_percent": 1.0, "mem_percent": 1.0,
+          "sync": "lbbsp", "time": 0.0}
+
+
+@pytest.mark.parametrize("spelling", ["m.jsonl", "./m.jsonl", "link.jsonl", "hard.jsonl",
+                                      "../{dir}/m.jsonl"])
+def test_trace_never_overwrites_its_input(tmp_path, spelling):
+    metrics = tmp_path / "m.jsonl"
+    text = json.dumps(METRIC) + "\n"
+    metrics.write_text(text)
+    os.symlink("m.jsonl", tmp_path / "link.jsonl")
+    os.link(metrics, tmp_path / "hard.jsonl")
+    r = run_mxlbbsp("trace", "m.jsonl", "-o", spelling.format(dir=tmp_path.name), cwd=tmp_path)
+    assert "would overwrite the metrics file" in one_line_error(r, "trace")
+    assert metrics.read_text() == text
+
+
+def test_report_on_a_non_utf8_file(tmp_path):
+    (tmp_path / "m.jsonl").write_bytes(json.dumps(METRIC).encode() + b"\n\xff\xfe\x00\n")
+    r = run_mxlbbsp("report", "m.jsonl", "-o", "out", cwd=tmp_path)
+    assert "m.jsonl:2: not UTF-8 text" in one_line_error(r, "report")
+
+
+def test_report_on_a_deeply_nested_line(tmp_path):
+    (tmp_path / "m.jsonl").write_text("[" * 500_000 + "\n")
+    r = run_mxlbbsp("report", "m.jsonl", "-o", "out", cwd=tmp_path)
+    assert "m.jsonl:1: not a JSON object" in one_line_error(r, "report")
+
+
+def _trace_csv(path, speeds, iterations=None):
+    iterations = iterations or list(range(len(speeds)))
+    rows = "".join(f"{i},0,{s!r},50,50\n" for i, s in zip(iterations, speeds))
+    path.write_text("iteration,rank,speed,cpu_percent,mem_percent\n" + rows)
+    return path
+
+
+def test_predict_with_an_iteration_of_10_to_the_30(tmp_path):
+    its = list(range(_trace.MIN_ROWS)) + [10 ** 30]
+    path = _trace_csv(tmp_path / "t.csv", [10.0] * len(its), its)
+    r = run_mxlbbsp("predict", path)
+    line = one_line_error(r, "predict")
+    assert f"t.csv:{len(its) + 1}: column iteration: {10 ** 30} is out of range" in line
+
+
+def test_predict_json_with_speeds_near_the_float_range(tmp_path):
+    """Valid input (finite speeds), so a correct result: the same scores as the same trace
+    in ordinary units, scaled."""
+    rng = np.random.default_rng(0)
+    base = [0.5 + float(x) for x in rng.random(_trace.MIN_ROWS + 5)]   # * 1e308 < max
+    small = _trace_csv(tmp_path / "small.csv", base)
+    huge = _trace_csv(tmp_path / "huge.csv", [x * 1e308 for x in base])
+    got = {}
+    for name, path in (("small", small), ("huge", huge)):
+        r = run_mxlbbsp("predict", path, "--predictors", "last,ema", "--json")
+        assert r.rc == 0, r.output
+        assert "Traceback" not in r.output and r.stderr == ""
+        got[name] = json.loads(r.stdout)
+    for p in ("last", "ema"):
+        assert got["huge"][p]["mape"] == pytest.approx(got["small"][p]["mape"], rel=1e-9)
+        assert got["huge"][p]["rmse"] == pytest.approx(got["small"][p]["rmse"] * 1e308,
+                                                       rel=1e-9)
+
+
+def test_nothing_of_a_refused_job_runs():
+    marker = uuid.uuid4().hex
+    r = run_mxlbbsp("launch", "-n", 2, "--env", "DMLC_ROLE=server", *QUICK, marker=marker)
+    assert r.rc == 2
+    assert processes_with(marker) == []
