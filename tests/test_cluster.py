@@ -95,6 +95,21 @@ def test_metrics_have_one_record_per_worker_per_iteration(lbbsp_run):
     assert all(r["predicted_speed"] > 0 for r in rows if r["iteration"] >= 2)
 
 
+def test_the_last_line_agrees_with_the_report(lbbsp_run):
+    """The launcher's "done in ..." figures are mxlbbsp report's (metrics.summarize) on the
+    metrics file of the same run: both leave the warm-up iteration out."""
+    import re
+    from mxlbbsp import metrics
+    tmp, r = lbbsp_run
+    m = re.search(r"done in [\d.]+ s: (\d+) iterations after the warm-up, ([\d.]+) samples/s, "
+                  r"workers waited ([\d.]+)% of the time", r.stderr)
+    assert m, r.stderr
+    report = metrics.summarize(metrics.load(str(tmp / "m.jsonl")))
+    assert int(m[1]) == report["iterations"]
+    assert m[2] == f"{report['samples_per_s']:.1f}"
+    assert m[3] == f"{100 * report['wait_share']:.1f}"
+
+
 def test_progress_lines_are_printed(lbbsp_run):
     _, r = lbbsp_run
     assert "[mxlbbsp] started 2 worker(s)" in r.stderr
