@@ -40,6 +40,7 @@ class Output:
         self._lock = threading.Lock()
         self._out = stdout or sys.stdout
         self._err = stderr or sys.stderr
+        self._broken_logs: set = set()      # log files a write failed on (e.g. disk full)
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
 
@@ -54,8 +55,15 @@ class Output:
         with self._lock:
             dest.write(f"[{label}] {text}\n")
             dest.flush()
-            if log is not None:
-                log.write(text + "\n")
+            if log is not None and log not in self._broken_logs:
+                try:
+                    log.write(text + "\n")
+                except OSError as exc:
+                    # the output still reaches the terminal: say so once, stop this log
+                    self._broken_logs.add(log)
+                    self._err.write(f"[mxlbbsp] warning: cannot write {log.name} "
+                                    f"({exc.strerror}); {label}'s output goes on here only\n")
+                    self._err.flush()
 
     def say(self, message: str) -> None:
         """A line of the launcher's own, on stderr."""
@@ -236,7 +244,10 @@ class RoleProcess:
         self.drain_output(timeout)
         self.flush_early()
         if self._log is not None:
-            self._log.close()
+            try:
+                self._log.close()
+            except OSError:          # already reported by Output.line
+                pass
             self._log = None
 
 

@@ -152,8 +152,8 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise EnvError(f"{SAMPLE_COST}={raw!r}: expected seconds per sample >= 0")
+    if not 0 <= value < float("inf"):
+        raise EnvError(f"{SAMPLE_COST}={raw!r}: expected finite seconds per sample >= 0")
     return value
 
 

@@ -63,26 +63,40 @@ def test_reserved_names_are_every_variable_the_launcher_writes():
         parse_env(["MXLBBSP_RANK=1"])
 
 
-@pytest.fixture
-def full_fs(tmp_path):
-    """A tiny tmpfs filled to the last block (root only)."""
-    where = tmp_path / "full"
+def tiny_tmpfs(where, room: int):
+    """Mount a 16 KB tmpfs at ``where`` and fill it up to ``room`` bytes free (root only)."""
     where.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (not root?)")
+    fd = os.open(where / "fill", os.O_WRONLY | os.O_CREAT)
     try:
-        fd = os.open(where / "fill", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"x" * 4096)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        yield where
+        while os.statvfs(where).f_bavail * os.statvfs(where).f_frsize > room:
+            os.write(fd, b"x" * 4096)
+    except OSError:
+        pass
     finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        os.close(fd)
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A tiny tmpfs filled to the last block."""
+    try:
+        tiny_tmpfs(tmp_path / "full", 0)
+        yield tmp_path / "full"
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "full")], capture_output=True)
+
+
+@pytest.fixture
+def full_fs_with_room(tmp_path):
+    """A tiny tmpfs with one 4 KB block free: room for the first few metrics records."""
+    try:
+        tiny_tmpfs(tmp_path / "room", 4096)
+        yield tmp_path / "room"
+    finally:
+        subprocess.run(["umount", "-l", str(tmp_path / "room")], capture_output=True)
 
 
 def test_metrics_and_log_dir_on_a_full_file_system(full_fs):
@@ -192,3 +206,37 @@ def test_nothing_of_a_refused_job_runs():
     r = run_mxlbbsp("launch", "-n", 2, "--env", "DMLC_ROLE=server", *QUICK, marker=marker)
     assert r.rc == 2
     assert processes_with(marker) == []
+
+
+def test_a_log_write_that_fails_mid_run_is_one_warning(capsys):
+    """A log file that stops taking writes (disk full) must not kill the thread that drains
+    the process's output (which would block the process on a full pipe)."""
+    from mxlbbsp.launcher.procs import Output
+    out = Output()
+    with open("/dev/full", "w", buffering=1) as log:
+        for k in range(3):
+            out.line("worker 0", f"line {k}", False, log)
+        captured = capsys.readouterr()
+        assert captured.out.splitlines() == [f"[worker 0] line {k}" for k in range(3)]
+        warnings = captured.err.strip().splitlines()
+        assert len(warnings) == 1 and "cannot write /dev/full" in warnings[0]
+        try:
+            log.close()
+        except OSError:
+            pass
+
+
+@pytest.mark.cluster
+def test_metrics_file_system_fills_during_the_run(full_fs_with_room):
+    """The file system of --metrics has room at launch and fills during the run: one line
+    naming the metrics file, exit 2, no worker traceback, nothing left running."""
+    from conftest import EXAMPLE
+    metrics = full_fs_with_room / "m.jsonl"
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", "0", "--metrics", metrics, "--", PY,
+                    EXAMPLE, "--model", "mlp", "--data", "digits", "--epochs", "1",
+                    "--batch-size", "64", "--log-interval", "100")
+    assert r.rc == 2, r.output
+    assert "Traceback" not in r.output and "lost its connection" not in r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    assert f"cannot write the metrics file '{metrics}' (No space left on device)" in errors[0]
