@@ -438,6 +438,41 @@ class Job:
                 f"{_ranks(waiting.ranks)} never finished (a worker, a server or the network "
                 f"hangs){note}")
 
+    def _first_failure(self) -> Optional[int]:
+        for p in self.workers + self.servers + [self.scheduler]:
+            rc = p.poll()
+            if rc is None or rc == 0:
+                continue
+            rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
+            over_ssh = self.remote and p is not self.scheduler
+            if over_ssh and rc == 255:
+                p.drain_output()        # the guard's exit line, if it sent one
+                over_ssh = p.reported_exit != 255   # the command's own 255 is not ssh's
+            if over_ssh and rc == 255 and p.reconnect(CONNECT_ATTEMPTS):
+                continue
+            last = p.flush_early()
+            where = f" on {p.host}" if self.remote else ""
+            if over_ssh and rc == 255 and not p.connected.is_set():
+                what = (f"could not connect to {p.host} ({p.attempts} attempt(s), ssh exit 255"
+                        f"{': ' + last if last else ''})")
+            elif over_ssh and rc == 255:
+                what = f"lost its SSH connection{where} (ssh exit 255)"
+            else:
+                p.drain_output(1.0)     # its exit hook's last line, if it wrote one
+                what = f"exited with code {rc}{where}"
+                if p.exit_reason:
+                    what = f"failed{where}: {p.exit_reason} (exit code {rc})"
+                elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
+                    sig = signal.Signals(-p.proc.returncode).name
+                    what = (f"ended: its guard was killed ({sig}), and the role with it "
+                            f"(exit code {rc})")
+            name = p.role if p.rank is None else f"{p.role} {p.rank}"
+            others = len([q for q in self.procs if q is not p and q.poll() is None])
+            self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
+                            f"(its output is above{', and in ' + self.config.log_dir if self.config.log_dir else ''})")
+            return rc
+        return None
+
     def _finish(self, started: float) -> int:
         # The servers and the scheduler end once the workers have finalised; 10 s in all.
         deadline = time.monotonic() + 10.0
