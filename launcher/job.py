@@ -461,11 +461,11 @@ class Job:
                 p.drain_output(1.0)     # its exit hook's last line, if it wrote one
                 what = f"exited with code {rc}{where}"
                 if p.exit_reason:
-                    what = f"failed{where}: {p.exit_reason} (exit code {rc})"
+                    what = f"exited with code {rc}{where}: {p.exit_reason}"
                 elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
                     sig = signal.Signals(-p.proc.returncode).name
-                    what = (f"ended: its guard was killed ({sig}), and the role with it "
-                            f"(exit code {rc})")
+                    what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "
+                            "and the role with it")
             name = p.role if p.rank is None else f"{p.role} {p.rank}"
             others = len([q for q in self.procs if q is not p and q.poll() is None])
             self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
