@@ -101,7 +101,9 @@ def _excepthook(previous):
         if exc_type is None or issubclass(exc_type, KeyboardInterrupt) or not _main_thread():
             return
         lines = [ln for ln in _format_only(exc_type, exc) if ln.strip()]
-        _end(1, lines[-1] if lines else exc_type.__name__)
+        if issubclass(exc_type, SyntaxError):
+            lines = lines[-1:]         # the message (after the file, the code, the caret)
+        _end(1, " ".join(lines) or exc_type.__name__)
     hook.mxlbbsp_exit_hook = True
     return hook
 
