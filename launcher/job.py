@@ -127,6 +127,10 @@ class Job:
         self._ssh = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)
         self._keepalive = ssh.keepalive(self._ssh) if self.remote else None
         self._stopped = threading.Event()
+        try:
+            self._floors = _env.stall_floors()
+        except _env.EnvError as exc:
+            raise ConfigError(str(exc)) from None
 
     # ---- the environment of each role --------------------------------------------------
 
@@ -331,7 +335,7 @@ class Job:
         cfg, coord = self.config, self.coordinator
         started = time.monotonic()
         next_progress = started + cfg.progress if cfg.progress else float("inf")
-        floors = _env.stall_floors()
+        floors = self._floors
         self._active_at = started          # a job without iterations: last CPU use seen
         self._cpu_seen: Dict[int, tuple] = {}
         next_cpu = started + 1.0

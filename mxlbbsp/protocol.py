@@ -83,8 +83,13 @@ def done(iteration: int, wait_s: float, sync_s: float, iteration_s: float) -> Di
             "sync_s": _finite(sync_s), "iteration_s": _finite(iteration_s)}
 
 
-def bye(iteration: int = -1) -> Dict[str, Any]:
-    return {"type": BYE, "iteration": int(iteration)}
+def bye(iteration: Optional[int] = None) -> Dict[str, Any]:
+    """``iteration``: the worker's last reported iteration (-1: none); None leaves it out
+    (the coordinator then cannot tell an early end)."""
+    msg: Dict[str, Any] = {"type": BYE}
+    if iteration is not None:
+        msg["iteration"] = int(iteration)
+    return msg
 
 
 def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:

@@ -164,3 +164,56 @@ def test_kill_9_of_a_guard_ends_its_role_and_the_job():
     assert "error: worker 1 exited with code 137: its guard was killed (SIGKILL)" in job.output
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
     assert wait_no_leftovers(job.marker) == []
+
+
+# ---- the stall limit and its option (no processes) -------------------------------------------
+
+def test_the_automatic_stall_limit_follows_the_jobs_own_iteration_times():
+    from mxlbbsp.launcher.job import STALL_MEDIANS, stall_limit
+    floors = (300.0, 120.0)
+    assert stall_limit(None, floors, -1, None) == 300.0           # until the first iteration
+    assert stall_limit(None, floors, 5, 0.5) == 120.0             # fast iterations: the floor
+    assert stall_limit(None, floors, 5, 30.0) == STALL_MEDIANS * 30.0
+    assert stall_limit(45.0, floors, 5, 30.0) == 45.0             # --stall-timeout 45
+    assert stall_limit(0.0, floors, 5, 30.0) is None              # --stall-timeout 0 / off
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("off", 0.0), ("OFF", 0.0),
+                                             ("0", 0.0), ("45", 45.0)])
+def test_stall_timeout_option(value, expected):
+    from click.testing import CliRunner
+    from mxlbbsp.launcher import cli, job
+    seen = {}
+
+    class Probe:
+        def __init__(self, config):
+            seen["stall"] = config.stall_timeout
+
+        def run(self):
+            return 0
+    args = ["launch", "-n", "1"] + ([] if value is None else ["--stall-timeout", value])
+    original = job.Job
+    job.Job = Probe
+    try:
+        result = CliRunner().invoke(cli.cli, args + ["--", PY, "-c", "pass"])
+    finally:
+        job.Job = original
+    assert result.exit_code == 0, result.output
+    assert seen["stall"] == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_a_bad_stall_timeout_is_one_line_exit_2(value):
+    r = run_mxlbbsp("launch", "-n", 1, "--stall-timeout", value, "--", PY, "-c", "pass")
+    assert r.rc == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxlbbsp launch: error: --stall-timeout")
+
+
+def test_the_stall_floors_variable_is_checked():
+    from mxlbbsp import _env
+    assert _env.stall_floors({}) == _env.DEFAULT_STALL_FLOORS
+    assert _env.stall_floors({_env.STALL_FLOORS: "20,3"}) == (20.0, 3.0)
+    for bad in ("20", "a,b", "0,3", "nan,3"):
+        with pytest.raises(_env.EnvError):
+            _env.stall_floors({_env.STALL_FLOORS: bad})
