@@ -36,6 +36,19 @@ Examples:
 """
 
 
+def _stall(value: Optional[str]) -> Optional[float]:
+    """--stall-timeout: None (automatic), 0.0 (off, also 'off') or seconds."""
+    if value is None:
+        return None
+    if value.strip().lower() == "off":
+        return 0.0
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"--stall-timeout {value!r}: give seconds (e.g. 600), or 0 or off "
+                          "to turn stall detection off") from None
+
+
 class _Group(click.Group):
     def format_epilog(self, ctx, formatter):
         formatter.write_paragraph()
@@ -94,9 +107,11 @@ def cli(verbose):
               help="Also write each process's output to DIR/<role>.<rank>.log.")
 @click.option("--progress", type=float, default=10.0, show_default=True, metavar="SECONDS",
               help="Print a progress line this often (0: never).")
-@click.option("--stall-timeout", type=float, metavar="SECONDS",
+@click.option("--stall-timeout", metavar="SECONDS|off", callback=lambda c, p, v: _stall(v),
               help="Stop the job (exit 124) when no iteration finishes for this long, counted "
-                   "from the start until the first one (default: off).")
+                   "from the start until the first one. Default: on, with a limit from the "
+                   "job's own iteration times (20 x the recent median, at least 120 s; 300 s "
+                   "until the first iteration). 0 or off: never.")
 @click.option("--bind", metavar="ADDR",
               help="Address of this machine for the scheduler and coordinator (default: "
                    "127.0.0.1 without -H, else the one facing the first host).")

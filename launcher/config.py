@@ -178,7 +178,7 @@ class LaunchConfig:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None
     progress: float = 10.0
-    stall_timeout: Optional[float] = None
+    stall_timeout: Optional[float] = None     # None: automatic; 0: off (see job.stall_limit)
     start_timeout: float = 120.0
     bind: Optional[str] = None
     ps_interface: Optional[str] = None
@@ -227,8 +227,9 @@ class LaunchConfig:
         _finite(self.start_timeout, "--start-timeout", "seconds")
         if self.progress < 0:
             raise ConfigError("--progress must be >= 0 seconds (0 turns progress lines off)")
-        if self.stall_timeout is not None and self.stall_timeout <= 0:
-            raise ConfigError("--stall-timeout must be a positive number of seconds")
+        if self.stall_timeout is not None and not 0 <= self.stall_timeout < float("inf"):
+            raise ConfigError(f"--stall-timeout {self.stall_timeout}: must be >= 0 seconds "
+                              "(0 or off turns stall detection off)")
         if self.start_timeout <= 0:
             raise ConfigError("--start-timeout must be a positive number of seconds")
         if self.ssh_port is not None and not 0 < self.ssh_port < 65536:

@@ -27,8 +27,17 @@ host's cores // k, so that each host divides its own cores, not the launch machi
 ``python -m mxlbbsp.launcher.guard --check FOLDER`` is the launcher's SSH pre-flight: it
 succeeds when this host has mxlbbsp (the guard) and the launch folder.
 
+With ``"boot": true`` in the spec (the launcher's workers), the guard puts its folder
+``_boot`` first on ``PYTHONPATH``: its ``sitecustomize`` makes a Python worker that ends with an
+uncaught exception or a non-zero ``SystemExit`` exit at once instead of hanging in ps-lite's
+finalize barrier (see ``_boot/sitecustomize.py``).
+
+The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
+itself is killed (``kill -9``), its role dies with it, locally and over SSH.
+
 Only the standard library is imported here: the guard starts in milliseconds.
 """
+import ctypes
 import json
 import os
 import select
@@ -48,6 +57,22 @@ EXITED = "mxlbbsp guard: exit"
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
 #: cores // k threads
 SHARE_CORES = "MXLBBSP_SHARE_CORES"
+#: the folder whose sitecustomize.py is the workers' exit hook
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGKILL when the guard (``parent``) dies."""
+    def preexec():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            return                         # not Linux: the stdin watch is all there is
+        if os.getppid() != parent:         # the guard died before prctl took effect
+            os._exit(137)
+    return preexec
 
 
 def _killpg(pgid: int, sig: int) -> bool:
@@ -83,10 +108,14 @@ class Guard:
         share = env.get(SHARE_CORES, "")
         if "OMP_NUM_THREADS" not in env and share.isdigit() and int(share) > 0:
             env["OMP_NUM_THREADS"] = str(max(1, _cores() // int(share)))
+        if self.spec.get("boot"):
+            env["PYTHONPATH"] = os.pathsep.join(
+                [BOOT_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         cwd = self.spec.get("cwd") or None
         # stdin is the launcher's line to this guard: the command must not read it
         self.child = subprocess.Popen(self.spec["argv"], env=env, cwd=cwd,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent(os.getpid()))
 
     def stop(self) -> None:
         """Stop the command's whole process group (idempotent; returns at once)."""

@@ -8,8 +8,12 @@ the supervision loop, every 0.1 s, ends the job on the first of:
 * a process exiting non-zero (or an SSH connection lost): that exit code, naming the role,
   rank and host;
 * SIGINT / SIGTERM: 130 / 143;
-* no iteration finished for ``--stall-timeout`` seconds (a dead ps-lite peer hangs rather
-  than fails): 124;
+* the coordinator failing the job for every worker (e.g. workers that run different numbers
+  of iterations): 1, with its one line;
+* no iteration finished for the stall limit (a frozen worker, a dead ps-lite peer: they hang
+  rather than fail): 124. On by default (:func:`stall_limit`); for a script without
+  mxlbbsp.DataLoader (no iterations known), no CPU use by any worker for that long, counted
+  on this machine only;
 * every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
 
 Whatever ended the job, every process of it on every host is stopped before ``run`` returns.
@@ -38,11 +42,38 @@ from .procs import Output, RoleProcess, local_transport, stop_all
 
 EXIT_CONFIG = 2
 EXIT_STALL = 124
+#: the automatic stall limit is this many times the recent median iteration time (at least
+#: the running floor of _env.stall_floors: 120 s, for e.g. an evaluation at the end of an
+#: epoch; 300 s until the first iteration: MXNet's import, ps-lite's start over SSH, data
+#: loading and graph building on a busy machine)
+STALL_MEDIANS = 20
+#: CPU seconds per second (all workers) under which a job without iterations counts as idle
+IDLE_CPU = 0.02
 #: how often a role is started over SSH when the connection fails before its guard runs
 CONNECT_ATTEMPTS = 5
 #: variables forwarded to remote hosts (besides every --env)
 FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
 FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
+
+
+def stall_limit(setting: Optional[float], floors, iteration: int,
+                iteration_s: Optional[float]) -> Optional[float]:
+    """Seconds without progress that stop the job (None: never).
+
+    ``setting``: --stall-timeout (None: automatic, 0: off). Automatic: the start-up floor
+    until the first iteration, then STALL_MEDIANS x the recent median iteration time, at
+    least the running floor."""
+    if setting is not None:
+        return setting or None
+    startup, running = floors
+    if iteration < 0:
+        return startup
+    return max(running, STALL_MEDIANS * (iteration_s or 0.0))
+
+
+def _ranks(ranks) -> str:
+    ranks = list(ranks)
+    return ("worker " if len(ranks) == 1 else "workers ") + ", ".join(map(str, ranks))
 
 
 class JobFailed(RuntimeError):
@@ -98,6 +129,10 @@ class Job:
         self._ssh = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)
         self._keepalive = ssh.keepalive(self._ssh) if self.remote else None
         self._stopped = threading.Event()
+        try:
+            self._floors = _env.stall_floors()
+        except _env.EnvError as exc:
+            raise ConfigError(str(exc)) from None
 
     # ---- the environment of each role --------------------------------------------------
 
@@ -133,7 +168,8 @@ class Job:
         return ssh.command(host, self._ssh, [self._python(host), "-m", "mxlbbsp.launcher.guard"])
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
-              env: Dict[str, str], transport: Optional[List[str]] = None) -> RoleProcess:
+              env: Dict[str, str], transport: Optional[List[str]] = None,
+              boot: bool = False) -> RoleProcess:
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
         silence = None
@@ -141,7 +177,7 @@ class Job:
             silence = self._keepalive[1]
         proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
                            transport or self._transport(host), self.output,
-                           show_host=self.remote, silence=silence)
+                           show_host=self.remote, silence=silence, boot=boot)
         self.procs.append(proc)
         return proc
 
@@ -176,7 +212,7 @@ class Job:
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0))
-            self.workers.append(self._role("worker", r, host, list(cfg.command), env))
+            self.workers.append(self._role("worker", r, host, list(cfg.command), env, boot=True))
 
     # ---- dry run --------------------------------------------------------------------------
 
@@ -306,12 +342,20 @@ class Job:
         cfg, coord = self.config, self.coordinator
         started = time.monotonic()
         next_progress = started + cfg.progress if cfg.progress else float("inf")
+        floors = self._floors
+        self._active_at = started          # a job without iterations: last CPU use seen
+        self._cpu_seen: Dict[int, tuple] = {}
+        next_cpu = started + 1.0
         while True:
             if self._signal is not None:
                 return self._interrupted()
             if coord.failure is not None and coord.failure_kind == "config":
                 self.output.say(f"error: {coord.failure}")
                 return EXIT_CONFIG
+            if coord.failure is not None and coord.failure_fatal:
+                # told to every worker, which now exit (2) quietly: the cause is this line
+                self.output.say(f"error: {coord.failure}")
+                return 1
             failed = self._first_failure()
             if failed is not None:
                 return failed
@@ -322,19 +366,88 @@ class Job:
                 self.output.say(f"error: {coord.failure}")
                 return 1
             now = time.monotonic()
-            if cfg.stall_timeout:
-                progress = coord.progress()
-                last = max(progress.last_change, started)
-                if now - last > cfg.stall_timeout:
-                    self.output.say(
-                        f"error: no iteration finished for {cfg.stall_timeout:g} s (last finished: "
-                        f"{progress.iteration}); a process may hang, e.g. a dead parameter "
-                        "server; stopping the job (raise --stall-timeout if this is expected)")
-                    return EXIT_STALL
+            if now >= next_cpu:
+                self._sample_cpu(now)
+                next_cpu = now + 1.0
+            if self._stalled(now, started, floors):
+                return EXIT_STALL
             if now >= next_progress:
                 self._print_progress(now - started)
                 next_progress = now + cfg.progress
             time.sleep(0.1)
+
+    def _sample_cpu(self, now: float) -> Dict[int, Optional[float]]:
+        """Each local worker's CPU use (cores) since the previous sample; notes activity."""
+        use: Dict[int, Optional[float]] = {}
+        busy = 0.0
+        for w in self.workers:
+            seconds = w.cpu_seconds()
+            before = self._cpu_seen.get(w.rank)
+            if seconds is None:
+                use[w.rank] = None
+                continue
+            self._cpu_seen[w.rank] = (now, seconds)
+            if before is not None and now > before[0]:
+                use[w.rank] = max(0.0, (seconds - before[1]) / (now - before[0]))
+                busy += use[w.rank]
+            else:
+                use[w.rank] = None
+        if busy > IDLE_CPU:
+            self._active_at = now
+        self._cpu_use = use
+        return use
+
+    def _stalled(self, now: float, started: float, floors) -> bool:
+        """True (after saying why) when the job made no progress for the stall limit."""
+        cfg, coord = self.config, self.coordinator
+        progress = coord.progress()
+        limit = stall_limit(cfg.stall_timeout, floors, progress.iteration, progress.iteration_s)
+        if limit is None:
+            return False
+        if coord.registered == 0 and not self.remote:
+            # no mxlbbsp.DataLoader (or not yet): no iterations to watch; a job whose
+            # workers all sit idle that long hangs (e.g. in ps-lite's finalize barrier)
+            idle = now - self._active_at
+            if idle <= limit or not self._cpu_seen:
+                return False
+            self.output.say(
+                f"error: no worker used any CPU for {idle:.0f} s and none reported an "
+                f"iteration (limit {limit:g} s); the job seems to hang: a worker may wait in "
+                f"ps-lite for one that failed or hangs; stopping the job "
+                f"(--stall-timeout SECONDS sets the limit, off turns it off)")
+            return True
+        if coord.registered == 0 and cfg.stall_timeout is None:
+            return False                 # over SSH without iterations: nothing to measure
+        last = max(progress.last_change, started)
+        if now - last <= limit:
+            return False
+        if cfg.stall_timeout is not None:
+            why = f"--stall-timeout {limit:g} s"
+        elif progress.iteration < 0:
+            why = f"limit {limit:g} s until the first iteration"
+        else:
+            why = (f"limit {limit:g} s: {STALL_MEDIANS} x the median iteration time "
+                   f"{progress.iteration_s or 0:.3g} s, at least {floors[1]:g} s")
+        finished = "none" if progress.iteration < 0 else str(progress.iteration)
+        self.output.say(f"error: no iteration finished for {now - last:.0f} s ({why}; last "
+                        f"finished: {finished}); {self._who_hangs()}; stopping the job "
+                        "(--stall-timeout SECONDS sets the limit, off turns it off)")
+        return True
+
+    def _who_hangs(self) -> str:
+        """Which workers the job waits for, as far as the coordinator knows."""
+        waiting = self.coordinator.waiting()
+        stopped = [w.rank for w in self.workers if w.stopped()]
+        note = f" ({_ranks(stopped)} stopped, e.g. SIGSTOP)" if stopped else ""
+        if waiting.what == "hello":
+            return (f"{_ranks(waiting.ranks)} never registered with the coordinator (its "
+                    f"mxlbbsp.DataLoader never started){note}")
+        t = waiting.iteration
+        if waiting.what == "report":
+            return f"{_ranks(waiting.ranks)} never sent its report of iteration {t}{note}"
+        return (f"every report of iteration {t} is in, but the push/pull of "
+                f"{_ranks(waiting.ranks)} never finished (a worker, a server or the network "
+                f"hangs){note}")
 
     def _first_failure(self) -> Optional[int]:
         for p in self.workers + self.servers + [self.scheduler]:
@@ -356,7 +469,14 @@ class Job:
             elif over_ssh and rc == 255:
                 what = f"lost its SSH connection{where} (ssh exit 255)"
             else:
+                p.drain_output(1.0)     # its exit hook's last line, if it wrote one
                 what = f"exited with code {rc}{where}"
+                if p.exit_reason:
+                    what = f"exited with code {rc}{where}: {p.exit_reason}"
+                elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
+                    sig = signal.Signals(-p.proc.returncode).name
+                    what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "
+                            "and the role with it")
             name = p.role if p.rank is None else f"{p.role} {p.rank}"
             others = len([q for q in self.procs if q is not p and q.poll() is None])
             self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
@@ -384,12 +504,32 @@ class Job:
 
     def _print_progress(self, elapsed: float) -> None:
         p = self.coordinator.progress()
+        if p.iteration < 0 and self.coordinator.registered == 0:
+            # e.g. a plain MXNet kvstore script: say what is known
+            running = sum(w.poll() is None for w in self.workers)
+            use = getattr(self, "_cpu_use", {})
+            cpu = [use.get(w.rank) for w in self.workers if w.poll() is None]
+            shown = ", ".join("?" if c is None else f"{100 * c:.0f}%" for c in cpu)
+            if len(cpu) > 16:
+                known = [c for c in cpu if c is not None]
+                shown = f"{100 * sum(known) / max(len(known), 1):.0f}% on average"
+            cpu_text = f", CPU {shown}" if cpu and any(c is not None for c in cpu) else ""
+            self.output.say(f"{elapsed:.0f} s: {running} of {self.config.num_workers} workers "
+                            f"running{cpu_text}; no iteration reported (no mxlbbsp.DataLoader, "
+                            "or not started yet)")
+            return
         if p.iteration < 0:
             self.output.say(f"{elapsed:.0f} s: waiting for the first iteration "
                             f"({self.coordinator.registered}/{self.config.num_workers} workers "
                             "registered)")
             return
         sizes = ",".join(map(str, p.sizes)) if len(p.sizes) <= 16 else f"{len(p.sizes)} workers"
+        quiet = time.monotonic() - p.last_change
+        if quiet > max(3 * (p.iteration_s or 0.0), 2.0):
+            # nothing advances: no stale samples/s
+            self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, no iteration finished "
+                            f"for {quiet:.0f} s, batch sizes {sizes}")
+            return
         self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, {p.samples_per_s:.1f} "
                         f"samples/s, batch sizes {sizes}")
 

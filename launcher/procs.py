@@ -25,6 +25,9 @@ from typing import Dict, IO, List, Optional, Tuple
 from .guard import EXITED, STARTED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
+#: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
+#: ``<EXIT_MARKER> <code> <the exception's last line>``
+EXIT_MARKER = "mxlbbsp-exit-hook:"
 
 
 def local_transport() -> List[str]:
@@ -77,7 +80,8 @@ class RoleProcess:
 
     def __init__(self, role: str, rank: Optional[int], host: str, argv: List[str],
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
-                 show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None):
+                 show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
+                 boot: bool = False):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
@@ -85,6 +89,10 @@ class RoleProcess:
         self.grace = grace
         #: the guard stops the role after this long without a line (see :meth:`beat`)
         self.silence = silence
+        #: the guard installs the exit hook (workers: see ``_boot/sitecustomize.py``)
+        self.boot = boot
+        #: why the command ended, as its exit hook said (e.g. "RuntimeError: boom")
+        self.exit_reason: Optional[str] = None
         name = role if rank is None else f"{role} {rank}"
         self.label = f"{name}@{host}" if show_host else name
         self.proc: Optional[subprocess.Popen] = None
@@ -108,6 +116,8 @@ class RoleProcess:
         spec = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "grace": self.grace}
         if self.silence is not None:
             spec["silence"] = self.silence
+        if self.boot:
+            spec["boot"] = True
         return spec
 
     def start(self) -> None:
@@ -152,6 +162,11 @@ class RoleProcess:
                     if at == 0:
                         continue
                     text = text[:at]
+                if to_stderr and text.startswith(EXIT_MARKER):
+                    self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
                 self.output.line(self.label, text, to_stderr, self._log)
             stream.close()
 
@@ -201,6 +216,42 @@ class RoleProcess:
 
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
+
+    def local_tree(self) -> list:
+        """psutil processes of this role on this machine (the command and its children),
+        [] for a role over SSH or one that ended: the guard's descendants."""
+        if self.proc is None or self.proc.poll() is not None or \
+                self.transport != local_transport():
+            return []
+        import psutil
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def cpu_seconds(self) -> Optional[float]:
+        """CPU time used so far by the role's processes on this machine (None: not here)."""
+        import psutil
+        tree = self.local_tree()
+        if not tree:
+            return None
+        total = 0.0
+        for p in tree:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+
+    def stopped(self) -> bool:
+        """The role's command is stopped (SIGSTOP, a debugger) on this machine."""
+        import psutil
+        tree = self.local_tree()
+        try:
+            return bool(tree) and tree[0].status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            return False
 
     @property
     def returncode(self) -> Optional[int]:

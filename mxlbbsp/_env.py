@@ -29,6 +29,10 @@ MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
                        compute phase (before any slowdown factor); absent: none
+MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecustomize.py,
+                       which reads it itself: it imports nothing of mxlbbsp)
+MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
+                       of the automatic stall limit (default 300,120)
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -52,6 +56,10 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
+EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
+STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
+#: the automatic stall limit's floors: before the first iteration, and after it
+DEFAULT_STALL_FLOORS = (300.0, 120.0)
 
 #: every variable the launcher writes for the job itself (ps_env, worker_env): `--env` may
 #: not override them. Each maps to the launcher option that sets it (None: none, it is the
@@ -155,6 +163,20 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
     if not 0 <= value < float("inf"):
         raise EnvError(f"{SAMPLE_COST}={raw!r}: expected finite seconds per sample >= 0")
     return value
+
+
+def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]:
+    """MXLBBSP_STALL_FLOORS as (start-up floor, running floor) in seconds."""
+    raw = _get(env, STALL_FLOORS)
+    if raw is None:
+        return DEFAULT_STALL_FLOORS
+    try:
+        startup, running = (float(x) for x in raw.split(","))
+    except ValueError:
+        startup = running = -1.0
+    if not (0 < startup < float("inf") and 0 < running < float("inf")):
+        raise EnvError(f"{STALL_FLOORS}={raw!r}: expected STARTUP,RUNNING seconds > 0")
+    return startup, running
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,

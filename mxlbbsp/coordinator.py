@@ -79,6 +79,16 @@ class Progress:
     last_change: float        # monotonic time the iteration last advanced
     samples_per_s: float      # over the recent iterations
     sizes: List[int]          # the latest allocation
+    iteration_s: Optional[float] = None   # median time between recent iterations
+
+
+@dataclasses.dataclass
+class Waiting:
+    """What the job waits for (stall messages): which workers have not sent what."""
+
+    iteration: Optional[int]  # the iteration waited for (None: registration)
+    what: str                 # "hello", "report" or "done"
+    ranks: List[int]          # the workers whose message never came
 
 
 class Coordinator:
@@ -90,6 +100,7 @@ class Coordinator:
         self.failure: Optional[str] = None           # fatal problem; the job must stop
         self.failure_kind: Optional[str] = None      # "config" (bad input) or "runtime"
         self.failed_at: float = 0.0
+        self.failure_fatal = False                   # the failure was sent to every worker
         self.finished = threading.Event()            # every worker said bye
         self.address = None
         options = {}
@@ -101,6 +112,8 @@ class Coordinator:
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
         self._byes: set = set()
+        self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
+        self._last_report: Dict[int, int] = {}       # rank -> its latest report's iteration
         self._reports: Dict[int, Dict[int, dict]] = {}
         self._records: Dict[tuple, dict] = {}
         self._predicted: Dict[int, np.ndarray] = {}
@@ -196,7 +209,25 @@ class Coordinator:
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             rate = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
         sizes = [] if self._sizes is None else [int(b) for b in self._sizes]
-        return Progress(self._iteration, self._samples, self._last_change, rate, sizes)
+        times = [t for t, _ in recent]
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        median = gaps[len(gaps) // 2] if gaps else None
+        return Progress(self._iteration, self._samples, self._last_change, rate, sizes, median)
+
+    def waiting(self) -> Waiting:
+        """Which workers the job waits for: at registration, their hello; then, for the
+        iteration after the last finished one, their report (computed gradients), or, when
+        every report is in, their done (push/pull finished). Read from another thread."""
+        n = self.config.num_workers
+        hellos = dict(self._hellos)
+        if len(hellos) < n:
+            return Waiting(None, "hello", [r for r in range(n) if r not in hellos])
+        t = self._iteration + 1
+        parts = [self._records.get((t, r)) or {} for r in range(n)]
+        missing = [r for r in range(n) if "report" not in parts[r]]
+        if missing:
+            return Waiting(t, "report", missing)
+        return Waiting(t, "done", [r for r in range(n) if "done" not in parts[r]])
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -221,6 +252,10 @@ class Coordinator:
                 self._on_done(rank, msg)
             elif kind == P.BYE:
                 self._byes.add(rank)
+                last = msg.get("iteration")
+                if isinstance(last, int) and not isinstance(last, bool):
+                    self._bye_at[rank] = last
+                    self._check_even()
                 if len(self._byes) == self.config.num_workers:
                     self._flush_records(final=True)
                     self.finished.set()
@@ -259,6 +294,23 @@ class Coordinator:
             log.warning("refused %d more connection(s) in the last %g s (bad hello or token; "
                         "%d in all)", self._refusals_unshown, REFUSAL_SUMMARY_S, self.refused)
             self._refusals_unshown = 0
+
+    def _check_even(self) -> None:
+        """Fail the job when a worker ended while another went on to a later iteration:
+        in synchronous training the others would wait for it forever."""
+        if not self._bye_at or self.failure is not None or self.config.sync == "asp":
+            return
+        low_rank = min(self._bye_at, key=lambda r: (self._bye_at[r], r))
+        low = self._bye_at[low_rank]
+        ahead = {r: t for r, t in self._last_report.items() if t > low}
+        if not ahead:
+            return
+        high_rank = max(ahead, key=lambda r: (ahead[r], -r))
+        what = "no iteration" if low < 0 else f"iteration {low}"
+        self._fail(f"worker {low_rank} ended after {what} while worker {high_rank} went on to "
+                   f"iteration {ahead[high_rank]}: every worker must run the same number of "
+                   "iterations; use the DataLoader's epochs (the same on every worker), not a "
+                   "wall clock or a per-worker iteration count")
 
     def _reject(self, conn: "_Connection", reason: str) -> None:
         """A malformed message: a registered worker's is a job failure; close either way."""
@@ -300,6 +352,7 @@ class Coordinator:
             self.failure = message
             self.failure_kind = kind
             self.failed_at = time.monotonic()
+            self.failure_fatal = fatal_for_workers
             log.debug("job failure: %s", message)
             if fatal_for_workers:
                 self._broadcast(P.error(message))
@@ -376,6 +429,10 @@ class Coordinator:
             raise P.ProtocolError(f"report of iteration {t} has batch_size={batch}, "
                                   f"compute_s={compute}")
         msg["time"] = time.time()
+        if t > self._last_report.get(rank, -1):
+            self._last_report[rank] = t
+            if self._bye_at:
+                self._check_even()
         # The metrics record is built when it is written (_flush_records): nothing on the
         # path from the last report to the broadcast that need not be there.
         self._records.setdefault((t, rank), {})["report"] = msg

@@ -8,7 +8,8 @@ worker -> coordinator
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
              next_global_batch}       sent when iteration t's gradients are ready
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
-    bye     {}                        the worker's training loop ended
+    bye     {iteration}               the worker's training ended after ``iteration`` (its
+                                      last; -1: none, absent: an older worker)
 coordinator -> worker
     welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
                                               iteration 0
@@ -92,8 +93,13 @@ def done(iteration: int, wait_s: float, sync_s: float, iteration_s: float) -> Di
             "sync_s": _finite(sync_s), "iteration_s": _finite(iteration_s)}
 
 
-def bye() -> Dict[str, Any]:
-    return {"type": BYE}
+def bye(iteration: Optional[int] = None) -> Dict[str, Any]:
+    """``iteration``: the worker's last reported iteration (-1: none); None leaves it out
+    (the coordinator then cannot tell an early end)."""
+    msg: Dict[str, Any] = {"type": BYE}
+    if iteration is not None:
+        msg["iteration"] = int(iteration)
+    return msg
 
 
 def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:

@@ -104,6 +104,7 @@ class Session:
         self.slowdown = Schedule.decode(_env.slowdown(env))
         self.sample_cost = _env.sample_cost(env)
         self.iteration = -1
+        self.reported = -1                # the last iteration whose report went out
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
         self._alloc: Dict[int, _bal.Slice] = {}
@@ -288,6 +289,7 @@ class Session:
             cpu, mem = _host_load()
             self._send(P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                                 self.next_global_batch()))
+        self.reported = self.iteration
 
     def step_done(self) -> None:
         """Call once this iteration's push/pull has completed (engine synchronised)."""
@@ -302,7 +304,7 @@ class Session:
         if self._sock is None:
             return
         try:
-            self._send(P.bye())
+            self._send(P.bye(self.reported))
             self._sock.shutdown(socket.SHUT_WR)
         except (OSError, CoordinatorLost):
             pass

@@ -256,3 +256,65 @@ def test_a_global_batch_other_than_the_allocated_one_still_tiles(coordinator):
     slices = sorted((off, off + b) for _, off, b in (s.next_iteration(20) for s in ss))
     assert slices[0][0] == 0 and slices[-1][1] == 20
     assert all(a[1] == b[0] and b[1] > b[0] for a, b in zip(slices, slices[1:]))
+
+
+def _wait(predicate, seconds=5.0):
+    for _ in range(int(seconds / 0.05)):
+        if predicate():
+            return True
+        threading.Event().wait(0.05)
+    return predicate()
+
+
+@pytest.mark.parametrize("bye_first", [True, False])
+def test_a_worker_ending_early_fails_the_job_whatever_the_order(coordinator, bye_first):
+    c = coordinator(2, predictor="last", sync="bsp")
+    (s0, s1), _ = sessions(c, 2, sync="bsp")
+    for _ in range(3):
+        run_iteration([s0, s1], [0.1, 0.1])
+    t, _, _ = s0.next_iteration(64)                  # worker 0 goes on to iteration 3 ...
+    if bye_first:
+        s1.close()                                   # ... worker 1 ends after 2
+        assert c.failure is None or "ended after" in c.failure
+        s0._t_end -= 0.1
+        s0.gradients_ready()
+    else:
+        s0._t_end -= 0.1
+        s0.gradients_ready()
+        assert _wait(lambda: c._last_report.get(0) == 3)
+        s1.close()
+    assert _wait(lambda: c.failure is not None)
+    assert c.failure_fatal
+    assert c.failure.startswith("worker 1 ended after iteration 2 while worker 0 went on to "
+                                "iteration 3: every worker must run the same number of "
+                                "iterations; use the DataLoader's epochs")
+
+
+def test_workers_ending_together_are_no_failure(coordinator):
+    c = coordinator(2, predictor="last")
+    ss, _ = sessions(c, 2)
+    for _ in range(3):
+        run_iteration(ss, [0.1, 0.1])
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5)
+    assert c.failure is None and c._bye_at == {0: 2, 1: 2}
+
+
+def test_waiting_names_the_missing_reports_then_the_missing_dones(coordinator):
+    c = coordinator(3, predictor="last", sync="bsp")
+    assert c.waiting().what == "hello" and c.waiting().ranks == [0, 1, 2]
+    ss, _ = sessions(c, 3, B=30, N=300, sync="bsp")
+    run_iteration(ss, [0.1, 0.1, 0.1], B=30)
+    assert _wait(lambda: c.progress().iteration == 0)
+    for s in (ss[0], ss[2]):                         # worker 1 never reports iteration 1
+        s.next_iteration(30)
+        s.gradients_ready()
+    assert _wait(lambda: c.waiting().ranks == [1])
+    w = c.waiting()
+    assert (w.iteration, w.what) == (1, "report")
+    ss[1].next_iteration(30)
+    ss[1].gradients_ready()
+    ss[1].step_done()                                # only worker 1's push/pull finished
+    assert _wait(lambda: c.waiting().ranks == [0, 2])
+    assert c.waiting().what == "done"

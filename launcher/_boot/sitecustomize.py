@@ -1,0 +1,171 @@
+"""mxlbbsp's exit hook for the workers of a job: a failing worker ends instead of hanging.
+
+Why: MXNet's distributed kvstore finalises ps-lite with a barrier of every worker when the
+``KVStore`` object is freed (``KVStore.__del__`` -> ``MXKVStoreFree`` -> ``~KVStoreDist`` ->
+``ps::Finalize(barrier)``), which happens during interpreter teardown. A worker whose
+script ended with an uncaught exception still tears down, and waits there for the other
+workers, which wait for it in their next push/pull: the job hangs forever.
+
+How: ``mxlbbsp launch`` puts this folder first on every worker's ``PYTHONPATH`` (the guard
+does, on the host the worker runs on), so Python imports this module at start-up, before the
+user's script. It
+
+* chains to any ``sitecustomize`` found further down the path (it still runs, as before);
+* wraps ``sys.excepthook``: an uncaught exception in the main thread prints its traceback as
+  usual (through the hook that was there), then a marker line for the launcher, flushes
+  stdout and stderr and ends the process at once with ``os._exit(1)``: no interpreter
+  teardown, so no finalize barrier;
+* makes a non-zero ``SystemExit`` that reaches the top level end the process with its code
+  the same way. ``sys.excepthook`` never sees ``SystemExit``; instead ``builtins.SystemExit``
+  becomes a subclass (printed and caught as ``SystemExit``) whose ``__del__`` runs when the
+  interpreter frees the exception: in the main thread with no Python frame on the stack, it
+  reached the top level (a caught one is freed inside the frame that caught it). ``sys.exit``
+  is wrapped to raise it.
+
+What stays as before: scripts that catch their exceptions, ``sys.exit(0)``, ``sys.exit()``,
+a normal end (the normal finalize, barrier included), exceptions in other threads.
+Not covered (the launcher's stall detection is the backstop): a script that replaces
+``sys.excepthook`` itself; a ``SystemExit`` kept alive in a reference cycle (freed only by a
+later garbage collection); a ``SystemExit`` raised by C code other than ``sys.exit`` (e.g.
+``_thread.exit``), and ``except SystemExit`` clauses do not catch such a plain one; a hang
+in native code. ``MXLBBSP_EXIT_HOOK=0`` in the environment (``--env``) turns the hook off.
+
+Only the standard library (and little of it): this runs in every Python process a worker
+starts.
+"""
+import builtins
+import os
+import sys
+
+#: the variable that turns the hook off (``0``); named in :mod:`mxlbbsp._env`
+ENABLE = "MXLBBSP_EXIT_HOOK"
+#: the marker line on stderr: ``<MARKER> <exit code> <the exception's last line>``
+MARKER = "mxlbbsp-exit-hook:"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PlainSystemExit = SystemExit
+
+
+def _chain() -> None:
+    """Import the ``sitecustomize`` this one hides (the next one on ``sys.path``)."""
+    import importlib
+    me = sys.modules.get(__name__)
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    try:
+        del sys.modules[__name__]
+        try:
+            importlib.import_module("sitecustomize")
+        except ImportError as exc:
+            if exc.name != "sitecustomize":
+                raise
+    finally:
+        sys.path[:] = saved
+        other = sys.modules.get("sitecustomize")
+        sys.modules["mxlbbsp_exit_hook"] = me
+        if other is None:
+            sys.modules["sitecustomize"] = me
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _end(code: int, what: str) -> None:
+    """Tell the launcher why (one line on stderr), flush, and end now."""
+    what = " ".join(what.split())[:500]
+    _flush()
+    try:
+        os.write(2, f"{MARKER} {code} {what}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+    os._exit(code)
+
+
+def _main_thread() -> bool:
+    import threading                   # imported by now if anything started a thread
+    return threading.current_thread() is threading.main_thread()
+
+
+def _excepthook(previous):
+    def hook(exc_type, exc, tb):
+        try:
+            previous(exc_type, exc, tb)
+        except BaseException:           # noqa: BLE001 - a broken hook must not hang the job
+            sys.__excepthook__(exc_type, exc, tb)
+        if exc_type is None or issubclass(exc_type, KeyboardInterrupt) or not _main_thread():
+            return
+        lines = [ln for ln in _format_only(exc_type, exc) if ln.strip()]
+        if issubclass(exc_type, SyntaxError):
+            lines = lines[-1:]         # the message (after the file, the code, the caret)
+        _end(1, " ".join(lines) or exc_type.__name__)
+    hook.mxlbbsp_exit_hook = True
+    return hook
+
+
+def _format_only(exc_type, exc):
+    import traceback
+    try:
+        return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
+    except BaseException:              # noqa: BLE001 - a broken __str__
+        return [exc_type.__name__]
+
+
+class SystemExit(_PlainSystemExit):    # noqa: A001 - replaces the builtin on purpose
+    """``SystemExit``, plus: a non-zero one that reaches the top level ends the process."""
+
+    def __del__(self):
+        try:
+            sys._getframe(1)
+            return                     # freed inside a frame: it was caught
+        except ValueError:
+            pass
+        code = self.code
+        if code is None or code == 0 or not _main_thread():
+            return
+        if isinstance(code, int):
+            if code & 0xFF:            # the status the OS would give (256 is a success)
+                _end(code & 0xFF, f"SystemExit: {code}")
+            return
+        try:
+            sys.stderr.write(f"{code}\n")   # as Python prints a non-integer exit code
+        except (OSError, ValueError, AttributeError):
+            pass
+        _end(1, f"SystemExit: {code}")
+
+
+SystemExit.__module__ = "builtins"
+SystemExit.__qualname__ = "SystemExit"
+
+
+def _exit(status=None):
+    """``sys.exit``: raises mxlbbsp's ``SystemExit`` (see the module docstring)."""
+    raise SystemExit(status)
+
+
+def _thread_excepthook_ignoring_ours(previous):
+    def hook(args):
+        if args.exc_type is SystemExit:
+            return                     # as for a plain SystemExit: silently ignored
+        previous(args)
+    return hook
+
+
+def install() -> None:
+    if os.environ.get(ENABLE, "1") == "0":
+        return
+    sys.excepthook = _excepthook(sys.excepthook)
+    builtins.SystemExit = SystemExit
+    _exit.__doc__ = sys.exit.__doc__
+    sys.exit = _exit
+    import threading            # cheap, and any MXNet script imports it anyway
+    threading.excepthook = _thread_excepthook_ignoring_ours(threading.excepthook)
+
+
+install()
+_chain()

@@ -1,0 +1,96 @@
+"""The workers' exit hook (launcher/_boot/sitecustomize.py) on its own: plain Python
+processes with the folder first on PYTHONPATH, as the guard starts workers. No MXNet: the
+hang itself (ps-lite's finalize barrier) is tested end to end in test_failures.py."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mxlbbsp import _env
+from mxlbbsp.launcher import guard, procs
+
+BOOT = guard.BOOT_DIR
+#: proves that the interpreter's teardown ran (an atexit handler) or did not
+ATEXIT = "import atexit; atexit.register(lambda: print('teardown ran', flush=True))\n"
+
+
+def run(code, env=None, pythonpath=(BOOT,)):
+    full = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    full["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-c", ATEXIT + textwrap.dedent(code)],
+                          capture_output=True, text=True, env=full, timeout=60)
+
+
+def marker(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(procs.EXIT_MARKER)]
+
+
+def test_the_names_agree():
+    text = open(os.path.join(BOOT, "sitecustomize.py")).read()
+    assert f'MARKER = "{procs.EXIT_MARKER}"' in text
+    assert f'ENABLE = "{_env.EXIT_HOOK}"' in text
+
+
+@pytest.mark.parametrize("code, rc, reason", [
+    ("raise RuntimeError('boom')", 1, "RuntimeError: boom"),
+    ("import sys; sys.exit(3)", 3, "SystemExit: 3"),
+    ("raise SystemExit(3)", 3, "SystemExit: 3"),
+    ("def f():\n    raise SystemExit(4)\nf()", 4, "SystemExit: 4"),
+    ("import sys; sys.exit('bad input')", 1, "SystemExit: bad input"),
+    ("raise ValueError('two\\nlines')", 1, "ValueError: two lines"),
+])
+def test_a_failure_ends_the_process_at_once_with_its_code(code, rc, reason):
+    r = run(code)
+    assert r.returncode == rc, r.stderr
+    assert "teardown ran" not in r.stdout           # no teardown: no finalize barrier
+    assert marker(r) == [f"{procs.EXIT_MARKER} {rc} {reason}"]
+    if "Error" in reason:
+        assert "Traceback (most recent call last)" in r.stderr     # printed as usual
+    if "bad input" in reason:
+        assert "bad input" in r.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("code", [
+    "print('fine')",
+    "import sys; sys.exit(0)",
+    "import sys; sys.exit()",
+    "raise SystemExit",
+    "try:\n    raise SystemExit(5)\nexcept SystemExit as e:\n    assert e.code == 5\n",
+    "import sys\ntry:\n    sys.exit(6)\nexcept SystemExit:\n    pass\n",
+    "try:\n    raise KeyError(1)\nexcept KeyError:\n    pass\n",
+    # another thread's exit or exception does not end the process
+    "import sys, threading\nt = threading.Thread(target=sys.exit, args=(3,))\nt.start(); t.join()",
+])
+def test_what_succeeds_still_tears_down_as_before(code):
+    r = run(code)
+    assert r.returncode == 0, r.stderr
+    assert "teardown ran" in r.stdout
+    assert marker(r) == [] and r.stderr == ""
+
+
+def test_an_exception_in_a_thread_is_printed_and_the_process_goes_on():
+    r = run("import threading\nt = threading.Thread(target=lambda: 1 / 0)\nt.start(); t.join()")
+    assert r.returncode == 0 and "ZeroDivisionError" in r.stderr and not marker(r)
+    assert "teardown ran" in r.stdout
+
+
+def test_the_scripts_own_excepthook_still_prints():
+    r = run("import sys\nsys.excepthook = lambda *a: print('mine', file=sys.stderr)\n"
+            "raise RuntimeError('x')")
+    # the script replaced the hook after start-up: Python's own handling (not covered)
+    assert r.returncode == 1 and "mine" in r.stderr
+
+
+def test_a_sitecustomize_that_was_there_still_runs(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import builtins; builtins.CHAINED = 1\n")
+    r = run("import builtins, sys\nprint(builtins.CHAINED)\nsys.exit(3)",
+            pythonpath=(BOOT, str(tmp_path)))
+    assert r.returncode == 3 and r.stdout.startswith("1\n"), r.stderr
+
+
+def test_exit_hook_0_turns_it_off():
+    r = run("raise SystemExit(3)", env={_env.EXIT_HOOK: "0"})
+    assert r.returncode == 3 and "teardown ran" in r.stdout and not marker(r)

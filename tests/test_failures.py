@@ -1,0 +1,219 @@
+"""A job never hangs (issue 10, items 1-5): each failure ends the job, names its cause, and
+leaves nothing behind. Real schedulers, servers and workers on loopback.
+
+The wall-clock bounds only prove that the job ends (a hang would run into them); the
+launcher's own output says how fast. Each job is small: -n 2, -s 1, a 3-weight model.
+"""
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+
+import psutil
+import pytest
+
+from conftest import PY, ROOT, mxlbbsp_argv, processes_with, run_mxlbbsp, wait_no_leftovers
+
+pytestmark = pytest.mark.cluster
+
+SCRIPT = ROOT / "tests" / "scripts" / "misbehave.py"
+#: the bound that proves a job ends: far beyond what a failure takes, far below a hang
+BOUND = 150
+
+
+def launch(*script_args, n=2, env=None):
+    return run_mxlbbsp("launch", "-n", n, "-s", 1, "--progress", "2", "--", PY, SCRIPT,
+                       *script_args, timeout=BOUND, env=env)
+
+
+def error_lines(result):
+    return [line for line in result.stderr.splitlines() if line.startswith("[mxlbbsp] error")]
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["mxlbbsp-api", "plain-kvstore"])
+def test_an_exception_ends_the_job_and_names_the_worker_and_the_exception(plain):
+    r = launch("--fail", "raise", *(["--plain"] if plain else []))
+    assert r.rc == 1, r.output
+    errors = error_lines(r)
+    assert len(errors) == 1, r.stderr
+    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in errors[0]
+    assert "[worker 1] Traceback (most recent call last):" in r.stderr   # printed as usual
+    assert "mxlbbsp-exit-hook" not in r.output                             # the marker is ours
+    if plain:   # a plain script never says "waiting for the first iteration"
+        assert "waiting for the first iteration" not in r.stderr
+        assert re.search(r"\d+ s: 2 of 2 workers running", r.stderr), r.stderr
+
+
+def test_a_non_zero_sys_exit_ends_the_job_with_its_code():
+    r = launch("--fail", "exit3", "--plain")
+    assert r.rc == 3, r.output
+    assert "worker 1 exited with code 3: SystemExit: 3" in error_lines(r)[0]
+
+
+def test_raise_systemexit_ends_the_job_with_its_code():
+    r = launch("--fail", "systemexit3")
+    assert r.rc == 3, r.output
+    assert "worker 1 exited with code 3: SystemExit: 3" in error_lines(r)[0]
+
+
+def test_workers_with_different_iteration_counts_end_the_job_with_one_line():
+    r = launch("--fail", "stop", "--iterations", "10")
+    assert r.rc == 1, r.output
+    errors = error_lines(r)
+    assert len(errors) == 1, r.stderr
+    assert "worker 1 ended after iteration 4 while worker 0 went on to iteration 5" in errors[0]
+    assert "every worker must run the same number of iterations" in errors[0]
+    assert "use the DataLoader's epochs" in errors[0]
+
+
+class Running:
+    """A job in the background, with its output collected line by line."""
+
+    def __init__(self, args, env=None):
+        self.marker = uuid.uuid4().hex
+        full = dict(os.environ, MXLBBSP_TEST_MARK=self.marker, **(env or {}))
+        self.proc = subprocess.Popen(
+            mxlbbsp_argv("launch", "--env", f"MXLBBSP_TEST_MARK={self.marker}", *map(str, args)),
+            cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdin=subprocess.DEVNULL)
+        self.lines = []
+        import threading
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout=BOUND):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if re.search(pattern, self.output, re.M):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} in:\n{self.output}")
+
+    def worker(self, rank, timeout=60):
+        """The worker process of ``rank`` (the user's command, not its guard)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in processes_with(self.marker):
+                try:
+                    if p.environ().get("MXLBBSP_RANK") == str(rank) and \
+                            str(SCRIPT) in " ".join(p.cmdline()):
+                        return p
+                except psutil.Error:
+                    continue
+            time.sleep(0.2)
+        raise AssertionError(f"no worker {rank}:\n{self.output}")
+
+    def finish(self, timeout=BOUND):
+        try:
+            rc = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        time.sleep(0.3)
+        return rc
+
+
+def test_a_frozen_worker_is_caught_by_default():
+    # Default stall detection, its floors shrunk through MXLBBSP_STALL_FLOORS (start-up 60 s,
+    # running 4 s, instead of 300 s and 120 s) so that the test runs in seconds.
+    job = Running(["-n", 2, "-s", 1, "--progress", "2", "--", PY, SCRIPT, "--fail", "none",
+                   "--iterations", 100000, "--sleep", "0.2"],
+                  env={"MXLBBSP_STALL_FLOORS": "60,4"})
+    try:
+        job.wait_for(r"iteration \d+, [\d.]+ samples/s")
+        job.worker(1).suspend()
+        rc = job.finish()
+    finally:
+        for p in processes_with(job.marker):
+            try:
+                p.resume()
+            except psutil.Error:
+                pass
+    assert rc == 124, job.output
+    stall = [line for line in job.lines if "error: no iteration finished" in line]
+    assert len(stall) == 1, job.output
+    assert "20 x the median iteration time" in stall[0]
+    assert "worker 1 never sent its report of iteration" in stall[0] or \
+        re.search(r"push/pull of workers? [0-9, ]*1", stall[0]), stall[0]
+    assert "worker 1 stopped" in stall[0]
+    assert "server" not in stall[0].split("(")[0]
+    assert wait_no_leftovers(job.marker) == []
+
+
+def test_kill_9_of_a_guard_ends_its_role_and_the_job():
+    job = Running(["-n", 2, "-s", 1, "--progress", "0", "--", PY, SCRIPT, "--fail", "none",
+                   "--iterations", 100000, "--sleep", "0.05"])
+    job.wait_for(r"\[mxlbbsp\] started 2 worker")
+    worker = job.worker(1)
+    guard = worker.parent()
+    assert "mxlbbsp.launcher.guard" in " ".join(guard.cmdline())
+    guard.kill()
+    rc = job.finish()
+    assert rc == 137, job.output
+    assert "error: worker 1 exited with code 137: its guard was killed (SIGKILL)" in job.output
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    assert wait_no_leftovers(job.marker) == []
+
+
+# ---- the stall limit and its option (no processes) -------------------------------------------
+
+def test_the_automatic_stall_limit_follows_the_jobs_own_iteration_times():
+    from mxlbbsp.launcher.job import STALL_MEDIANS, stall_limit
+    floors = (300.0, 120.0)
+    assert stall_limit(None, floors, -1, None) == 300.0           # until the first iteration
+    assert stall_limit(None, floors, 5, 0.5) == 120.0             # fast iterations: the floor
+    assert stall_limit(None, floors, 5, 30.0) == STALL_MEDIANS * 30.0
+    assert stall_limit(45.0, floors, 5, 30.0) == 45.0             # --stall-timeout 45
+    assert stall_limit(0.0, floors, 5, 30.0) is None              # --stall-timeout 0 / off
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("off", 0.0), ("OFF", 0.0),
+                                             ("0", 0.0), ("45", 45.0)])
+def test_stall_timeout_option(value, expected):
+    from click.testing import CliRunner
+    from mxlbbsp.launcher import cli, job
+    seen = {}
+
+    class Probe:
+        def __init__(self, config):
+            seen["stall"] = config.stall_timeout
+
+        def run(self):
+            return 0
+    args = ["launch", "-n", "1"] + ([] if value is None else ["--stall-timeout", value])
+    original = job.Job
+    job.Job = Probe
+    try:
+        result = CliRunner().invoke(cli.cli, args + ["--", PY, "-c", "pass"])
+    finally:
+        job.Job = original
+    assert result.exit_code == 0, result.output
+    assert seen["stall"] == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_a_bad_stall_timeout_is_one_line_exit_2(value):
+    r = run_mxlbbsp("launch", "-n", 1, "--stall-timeout", value, "--", PY, "-c", "pass")
+    assert r.rc == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxlbbsp launch: error: --stall-timeout")
+
+
+def test_the_stall_floors_variable_is_checked():
+    from mxlbbsp import _env
+    assert _env.stall_floors({}) == _env.DEFAULT_STALL_FLOORS
+    assert _env.stall_floors({_env.STALL_FLOORS: "20,3"}) == (20.0, 3.0)
+    for bad in ("20", "a,b", "0,3", "nan,3"):
+        with pytest.raises(_env.EnvError):
+            _env.stall_floors({_env.STALL_FLOORS: bad})
