@@ -23,9 +23,11 @@ same as ``asp``'s n updates when the split is equal.
 
 Batch tuning for heterogeneous workers (``--r2sp-tuning``):
 
-``paper``     b_i <- b_i + blocked_i * v_i (blocked_i: worker i's latest wait for its slot,
-              v_i = b_i / compute_i its latest speed), scaled to keep sum = B(t+1): a worker
-              that waits for others gets the samples it could have processed meanwhile;
+``paper``     b_i <- b_i + blocked_i * v_i (blocked_i: worker i's wait for its slot, v_i =
+              b_i / compute_i its speed), scaled to keep sum = B(t+1): a worker that waits for
+              others gets the samples it could have processed meanwhile. Damped: blocked_i
+              and v_i are EMAs (weight 0.5) and the step is halved, because with the raw
+              rule millisecond jitter in the waits made batches swing from 1 to 80 of 96;
 ``balancer``  the LB-BSP balancer's min-makespan split on the predictor's forecasts (decided
               when all reports of t are in, applied at the next round);
 ``none``      the equal split.
@@ -45,6 +47,10 @@ from ._api import CoordinatorPolicy, SyncMode, register
 TUNINGS = ("paper", "balancer", "none")
 DEFAULTS = {"gap_ratio": 0.8, "tuning": "paper"}
 EMA_ALPHA = 0.2
+#: the paper's rule, damped: blocking times and speeds are smoothed (EMA with this weight of
+#: the newest), and a round moves each batch by this share of the rule's step
+TUNE_SMOOTHING = 0.5
+TUNE_GAIN = 0.5
 
 
 def proportional_split(weights, total: int) -> np.ndarray:
@@ -84,7 +90,7 @@ class R2SPPolicy(CoordinatorPolicy):
         self._gone: set = set()          # ranks that said bye
         self._splits: Dict[int, np.ndarray] = {}   # round -> split in force
         self._planned: Optional[np.ndarray] = None  # the balancer's latest split
-        self._blocked = np.zeros(n)      # each worker's latest wait for its slot (s)
+        self._blocked = np.full(n, np.nan)   # each worker's wait for its slot (s, smoothed)
         self._grant_at: Dict[Tuple[int, int], float] = {}
         self._speed = np.full(n, np.nan)
         self.iteration_time: Optional[float] = None   # T, EMA of unblocked iteration time
@@ -112,7 +118,8 @@ class R2SPPolicy(CoordinatorPolicy):
 
     def on_report(self, rank, msg):
         if int(msg["iteration"]) >= self.coordinator.config.warmup:
-            self._speed[rank] = msg["batch_size"] / msg["compute_s"]
+            v, old = msg["batch_size"] / msg["compute_s"], self._speed[rank]
+            self._speed[rank] = v if not np.isfinite(old) else old + TUNE_SMOOTHING * (v - old)
 
     def on_message(self, rank, msg):
         if msg["type"] != P.REQUEST:
@@ -176,7 +183,10 @@ class R2SPPolicy(CoordinatorPolicy):
         self._try_grant()
 
     def _grant(self, rank: int, t: int, asked: float, next_B: Optional[int], now: float) -> None:
-        self._blocked[rank] = now - asked
+        if t >= self.coordinator.config.warmup:
+            b = self._blocked[rank]
+            self._blocked[rank] = (now - asked) if not np.isfinite(b) else \
+                b + TUNE_SMOOTHING * (now - asked - b)
         self._grant_at[(rank, t)] = now - asked
         split = self._splits.get(t + 1)
         if split is None and next_B is not None:
@@ -200,9 +210,9 @@ class R2SPPolicy(CoordinatorPolicy):
             return _bal.rescale(current, next_B)
         if self.tuning == "balancer":
             return _bal.rescale(self._planned if self._planned is not None else current, next_B)
-        if not np.all(np.isfinite(self._speed)):
+        if not (np.all(np.isfinite(self._speed)) and np.all(np.isfinite(self._blocked))):
             return _bal.rescale(current, next_B)
-        target = current + self._blocked * self._speed
+        target = current + TUNE_GAIN * self._blocked * self._speed
         split = proportional_split(target, next_B)
         cap = self.coordinator._balancer.max_batch
         if cap is not None and np.any(split > cap):
