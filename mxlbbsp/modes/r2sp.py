@@ -35,6 +35,7 @@ Batch tuning for heterogeneous workers (``--r2sp-tuning``):
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from typing import Dict, Optional, Tuple
 
@@ -94,7 +95,8 @@ class R2SPPolicy(CoordinatorPolicy):
         self._grant_at: Dict[Tuple[int, int], float] = {}
         self._speed = np.full(n, np.nan)
         self.iteration_time: Optional[float] = None   # T, EMA of unblocked iteration time
-        self.grants = 0
+        #: the latest grants: (monotonic time, rank, iteration, gap in force) (tests, debug)
+        self.log: collections.deque = collections.deque(maxlen=4096)
 
     @property
     def gap(self) -> float:
@@ -194,7 +196,7 @@ class R2SPPolicy(CoordinatorPolicy):
             self._splits[t + 1] = split
             for old in [k for k in self._splits if k < t]:
                 del self._splits[old]
-        self.grants += 1
+        self.log.append((now, rank, t, self.gap))
         if split is not None and next_B is not None and int(split.sum()) != next_B:
             split = _bal.rescale(split, next_B)     # a worker that counts batches differently
         piece = None if split is None or next_B is None else _bal.slice_of(split, rank)
