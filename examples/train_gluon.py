@@ -31,6 +31,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="cnn", help="mlp, cnn, resnet20, resnet18, mobilenet, "
                    "vgg or any gluoncv model-zoo name (default: cnn)")
+    p.add_argument("--width", type=int, help="mlp: hidden units (default 64); cnn: channels "
+                   "(default 16)")
     p.add_argument("--data", default="digits", choices=["synthetic", "digits", "cifar10"])
     p.add_argument("--data-dir", help="folder with CIFAR-10 (for --data cifar10)")
     p.add_argument("--samples", type=int, default=4096, help="synthetic data set size")
@@ -74,7 +76,9 @@ def main(argv=None):
     try:
         train, test = datasets.load(args.data, data_dir=args.data_dir, samples=args.samples,
                                     image_shape=args.image_shape, seed=args.seed)
-        net = get_model(args.model, classes=datasets.num_classes(args.data))
+        width = {} if args.width is None else \
+            {{"mlp": "hidden", "cnn": "channels"}.get(args.model, "width"): args.width}
+        net = get_model(args.model, classes=datasets.num_classes(args.data), **width)
     except ValueError as exc:
         sys.stderr.write(f"train_gluon.py: error: {exc}\n")
         return 2

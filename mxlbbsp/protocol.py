@@ -10,6 +10,8 @@ worker -> coordinator
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
     bye     {iteration}               the worker's training ended after ``iteration`` (its
                                       last; -1: none, absent: an older worker)
+    request {iteration, next_global_batch}   (r2sp) request to proceed: the worker's gradients
+                                      of ``iteration`` are ready, it waits for a push slot
 coordinator -> worker
     welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
                                               iteration 0
@@ -17,6 +19,9 @@ coordinator -> worker
                                       ``iteration``: samples [offset, offset + size) of total.
                                       One message per worker, so a broadcast to n workers is
                                       O(n) bytes, not O(n^2)
+    grant   {iteration, offset, size, total}   (r2sp) permission to push ``iteration`` now;
+                                      carries the worker's slice of iteration + 1 (null
+                                      fields when there is none)
     error   {message}                 fatal; the worker stops with this message
 
 No framework imports; stdlib only.
@@ -36,6 +41,7 @@ MAX_CONTAINERS = 64
 
 HELLO, REPORT, DONE, BYE = "hello", "report", "done", "bye"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
+REQUEST, GRANT = "request", "grant"
 
 
 class ProtocolError(ValueError):
@@ -116,6 +122,17 @@ def alloc_line(iteration: int, offset: int, size: int, total: int) -> bytes:
     """``encode(alloc(...))``, without json: the coordinator writes n of these at once."""
     return b'{"type":"alloc","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
         iteration, offset, size, total)
+
+
+def request(iteration: int, next_global_batch: Optional[int]) -> Dict[str, Any]:
+    return {"type": REQUEST, "iteration": iteration, "next_global_batch": next_global_batch}
+
+
+def grant(iteration: int, piece: Optional[Sequence[int]]) -> Dict[str, Any]:
+    """``piece``: (offset, size, total) of the worker's slice of ``iteration + 1``, or None."""
+    offset, size, total = (None, None, None) if piece is None else (int(x) for x in piece)
+    return {"type": GRANT, "iteration": iteration, "offset": offset, "size": size,
+            "total": total}
 
 
 def error(message: str) -> Dict[str, Any]:

@@ -1,0 +1,199 @@
+"""R2SP where communication is the bottleneck: BSP, ASP, LB-BSP and R2SP side by side with
+the parameter servers behind a link of limited bandwidth; then heterogeneous workers
+(1:1:3:1) under R2SP with and without batch tuning.
+
+On loopback the servers' link is never the bottleneck, so this script makes one: a network
+namespace joined to this machine by a veth pair (tests/netns.py), with a `tc` token bucket
+(tbf, ``--rate`` Mbit/s) on *both* ends of the veth. The workers run inside the namespace
+(``ip netns exec``, announcing the namespace's address to ps-lite), the scheduler, the
+parameter servers and the coordinator outside it: every push (worker -> servers) shares the
+one rate-limited direction, every pull the other, as on a parameter server whose NIC is the
+bottleneck. (The issue suggested putting the servers in the namespace; with the workers there
+instead the launcher needs no change, and the link between all workers and all servers is the
+same single bottleneck.) Needs root and iproute2; only traffic to the namespace it made.
+
+The model is a wide MLP (``mlp --width``, 64 -> W -> 10: 75*W parameters, 2.5 MB at W=8192)
+whose parameters are large next to its compute, on scikit-learn's digits (real data, real
+training). Every sample also costs ``--compute`` ms of emulated compute (slept, no CPU: 2
+cores cannot hold 4 workers' real compute). Rank 0 evaluates every ``--eval-interval``
+iterations (train_gluon.py's ``eval:`` lines; evaluation time left out).
+
+Same hyperparameters for every mode (SGD lr 0.2, momentum 0: server-side momentum with R2SP's
+fixed staleness of n-1 updates converges badly, see mxlbbsp/modes/r2sp.py). In the
+asynchronous modes an "iteration" is each worker's own (one push of its batch); for R2SP one
+per round.
+
+    sudo .venv/bin/python benchmarks/r2sp.py --quick    # 1 round (~10 min)
+    sudo .venv/bin/python benchmarks/r2sp.py            # 2 rounds, longer runs (~25 min)
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import _common as C
+import _suite as S
+from time_to_accuracy import parse_curve, reach
+
+sys.path.insert(0, str(C.ROOT / "tests"))
+from netns import Netns  # noqa: E402
+
+MODES = {"BSP": ("bsp", []), "ASP": ("asp", []), "LB-BSP": ("lbbsp", []),
+         "R2SP": ("r2sp", [])}
+HETERO = {"R2SP, no tuning": ["--r2sp-tuning", "none"],
+          "R2SP, paper rule": ["--r2sp-tuning", "paper"],
+          "R2SP, balancer": ["--r2sp-tuning", "balancer"]}
+
+
+def shape_link(ns: Netns, rate_mbit: float) -> None:
+    """A token bucket of ``rate_mbit`` on both ends of the veth (one per direction)."""
+    spec = ["root", "tbf", "rate", f"{rate_mbit}mbit", "burst", "256kb", "limit", "32mb"]
+    for prefix, dev in ((ns.exec_prefix, ns.veth_there), ([], ns.veth_here)):
+        res = subprocess.run([*prefix, "tc", "qdisc", "add", "dev", dev, *spec],
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SystemExit(f"r2sp.py: error: tc on {dev} failed: {res.stderr.strip()}")
+
+
+def run(ns: Netns, label: str, sync: str, extra_launch, args, out: Path, slowdown=None) -> dict:
+    train = ["--model", "mlp", "--width", str(args.width), "--data", "digits",
+             "--batch-size", str(args.batch_size), "--epochs", "1000",
+             "--iterations", str(args.iterations), "--lr", str(args.lr), "--momentum", "0",
+             "--log-interval", "0", "--eval-interval", str(args.eval_interval)]
+    command = [*ns.exec_prefix, "env", f"DMLC_NODE_HOST={ns.address}", C.PY, str(C.EXAMPLE),
+               *train]
+    launch = ["--bind", ns.host_address, "--env", f"DMLC_NODE_HOST={ns.host_address}",
+              "--emulate-compute", str(args.compute), *extra_launch]
+    if slowdown:
+        launch += ["--emulate-slowdown", slowdown]
+    tag = label.replace(" ", "").replace(",", "_").lower()
+    metrics, log = out / f"{tag}.jsonl", out / f"{tag}.log"
+    C.progress(f"{label}: {sync} {' '.join(extra_launch)}")
+    summary = C.launch(args.workers, [], metrics, sync=sync, launch_args=launch,
+                       command=command, log=log)
+    curve = parse_curve(log.read_text())
+    hit = reach(curve, args.target)
+    row = {"label": label, "sync": sync, "iteration_s": summary["mean_iteration_s"],
+           "samples_per_s": summary["samples_per_s"], "wait_share": summary["wait_share"],
+           "final_accuracy": curve[-1][1] if curve else None,
+           "time_to_target_s": hit[2] if hit else None,
+           "iterations_to_target": hit[0] if hit else None, "wall_s": summary["wall_s"]}
+    C.progress(f"  {label}: {row['iteration_s']:.3f} s/iteration, "
+               f"{row['samples_per_s']:.0f} samples/s, to {args.target}: "
+               f"{row['time_to_target_s']} s / {row['iterations_to_target']} it, "
+               f"final {row['final_accuracy']}")
+    return row
+
+
+def fmt(x, spec=".2f"):
+    return "—" if x is None else format(x, spec)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="1 round, shorter runs")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--rate", type=float, default=400, help="link rate, Mbit/s each way")
+    p.add_argument("--width", type=int, default=8192, help="MLP hidden units")
+    p.add_argument("--compute", type=float, default=10, help="emulated ms per sample")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--target", type=float, default=0.90)
+    p.add_argument("--iterations", type=int, help="per run (default 120 quick, 200 full)")
+    p.add_argument("--eval-interval", type=int, default=5)
+    p.add_argument("--slowdown", default="1,1,3,1", help="heterogeneous part's factors")
+    p.add_argument("--skip-hetero", action="store_true")
+    args = p.parse_args()
+    rounds = args.rounds or (1 if args.quick else 2)
+    args.iterations = args.iterations or (120 if args.quick else 200)
+    if os.geteuid() != 0:
+        raise SystemExit("r2sp.py: error: needs root (network namespace and tc); run it as "
+                         "root or with sudo")
+    load_at_start = S.load() if args.quick else S.wait_for_quiet()
+    ns = Netns()
+    why = ns.create()
+    if why:
+        raise SystemExit(f"r2sp.py: error: cannot make the network namespace: {why}")
+    runs = {label: [] for label in MODES}
+    hetero = {label: [] for label in HETERO}
+    try:
+        shape_link(ns, args.rate)
+        with tempfile.TemporaryDirectory(prefix="mxlbbsp-r2sp-") as tmp:
+            tmp = Path(tmp)
+            for k in range(rounds):
+                for label in S.order(list(MODES), k):
+                    sync, extra = MODES[label]
+                    runs[label].append(run(ns, label, sync, extra, args, tmp))
+                if not args.skip_hetero:
+                    for label in S.order(list(HETERO), k):
+                        hetero[label].append(run(ns, label, "r2sp", HETERO[label], args, tmp,
+                                                 slowdown=args.slowdown))
+    finally:
+        ns.delete()
+
+    def med(table, label, key):
+        xs = [r[key] for r in table[label] if r[key] is not None]
+        return C.median(xs) if xs else None
+
+    def per_round(table, label, base, key):
+        return [ratio(a[key], b[key]) for a, b in zip(table[label], table[base])]
+
+    summary = {}
+    rows = ["| mode | iteration (s) | vs BSP | samples/s | wait share | time to target (s) | "
+            "vs BSP | iterations to target | final accuracy |", "|---|---|---|---|---|---|---|---|---|"]
+    for label in MODES:
+        it_r = [x for x in per_round(runs, label, "BSP", "iteration_s") if x is not None]
+        tt_r = [x for x in per_round(runs, label, "BSP", "time_to_target_s") if x is not None]
+        summary[label] = {"iteration_ratio": C.median(it_r) if it_r else None,
+                          "time_to_target_ratio": C.median(tt_r) if tt_r else None}
+        rows.append(f"| {label} | {fmt(med(runs, label, 'iteration_s'), '.3f')} | "
+                    f"{S.rounds_text(it_r) if it_r else '—'} | "
+                    f"{fmt(med(runs, label, 'samples_per_s'), '.0f')} | "
+                    f"{fmt(100 * med(runs, label, 'wait_share'), '.0f')}% | "
+                    f"{fmt(med(runs, label, 'time_to_target_s'), '.1f')} | "
+                    f"{S.rounds_text(tt_r) if tt_r else '—'} | "
+                    f"{fmt(med(runs, label, 'iterations_to_target'), '.0f')} | "
+                    f"{fmt(med(runs, label, 'final_accuracy'), '.3f')} |")
+    hrows = []
+    if not args.skip_hetero:
+        base = "R2SP, no tuning"
+        hrows = ["| R2SP, slowdown " + args.slowdown.replace(",", ":") + " | iteration (s) | "
+                 "samples/s | time to target (s) | vs no tuning | iterations to target | "
+                 "final accuracy |", "|---|---|---|---|---|---|---|"]
+        for label in HETERO:
+            tt_r = [x for x in per_round(hetero, label, base, "time_to_target_s")
+                    if x is not None]
+            summary[label] = {"time_to_target_ratio": C.median(tt_r) if tt_r else None}
+            hrows.append(f"| {label} | {fmt(med(hetero, label, 'iteration_s'), '.3f')} | "
+                         f"{fmt(med(hetero, label, 'samples_per_s'), '.0f')} | "
+                         f"{fmt(med(hetero, label, 'time_to_target_s'), '.1f')} | "
+                         f"{S.rounds_text(tt_r) if tt_r else '—'} | "
+                         f"{fmt(med(hetero, label, 'iterations_to_target'), '.0f')} | "
+                         f"{fmt(med(hetero, label, 'final_accuracy'), '.3f')} |")
+    table = (
+        f"R2SP with the parameter servers behind a {args.rate:g} Mbit/s link each way (tc tbf "
+        f"on a veth into a network namespace holding the {args.workers} workers). `mlp` of "
+        f"width {args.width} ({75 * args.width / 1e6:.2f} M parameters) on scikit-learn "
+        f"digits, global batch {args.batch_size}, SGD lr {args.lr} momentum 0, "
+        f"{args.compute:g} ms emulated compute per sample, {args.iterations} iterations per "
+        f"run, rank 0 evaluates every {args.eval_interval}; target {100 * args.target:.0f}% "
+        f"test accuracy. {rounds} round(s), modes interleaved (ABBA); medians, per-round "
+        f"ratios in brackets. Iteration time: each worker's own, averaged (first 5 left "
+        f"out). The machine (2 cores) was shared with other engineers' test runs.\n\n"
+        + "\n".join(rows)
+        + ("\n\nHeterogeneous workers, R2SP only:\n\n" + "\n".join(hrows) if hrows else "")
+        + f"\n\nLoad average at start: {load_at_start:.2f}.")
+    C.write("r2sp_quick" if args.quick else "r2sp",
+            {"rounds": rounds, "args": vars(args), "load_at_start": load_at_start,
+             "summary": summary, "runs": runs, "hetero": hetero}, table)
+
+
+if __name__ == "__main__":
+    main()
