@@ -141,6 +141,11 @@ from .cli_report import report  # noqa: E402
 
 cli.add_command(report)
 
+# ---- plan (issue 13): registered below this line -----------------------------------------
+from .cli_plan import plan as _plan  # noqa: E402
+
+cli.add_command(_plan)
+
 
 def _fail(command: Optional[str], message: str, code: int) -> int:
     where = f"mxlbbsp {command}" if command else "mxlbbsp"
