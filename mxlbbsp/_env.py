@@ -27,6 +27,10 @@ MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
                        compute phase (before any slowdown factor); absent: none
+MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier):
+                       linear | sqrt | none (default linear)
+MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes a single process replays
+                       (mxlbbsp.DataLoader's batch_schedule); absent: none
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -49,6 +53,8 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
+LR_SCALING = "MXLBBSP_LR_SCALING"
+BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
 
 SYNC_MODES = ("lbbsp", "bsp", "asp", "r2sp")
 #: sync modes whose MXNet kvstore is dist_async rather than dist_sync
@@ -142,6 +148,20 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
     if not value >= 0:
         raise EnvError(f"{SAMPLE_COST}={raw!r}: expected seconds per sample >= 0")
     return value
+
+
+def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
+    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.courier.LR_SCALING`."""
+    from .courier import LR_SCALING as rules
+    rule = _get(env, LR_SCALING) or "linear"
+    if rule not in rules:
+        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(rules)}")
+    return rule
+
+
+def batch_schedule(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_BATCH_SCHEDULE: a metrics file to replay the global batches of, or None."""
+    return _get(env, BATCH_SCHEDULE)
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,

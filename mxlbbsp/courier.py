@@ -267,3 +267,17 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
         intercept.append(a)
     model = _bal.TimeModel(np.array(speed), np.array(intercept))
     return ranks, model, float(np.median(syncs)) if syncs else 0.0
+
+
+def schedule_from_metrics(path: str) -> List[int]:
+    """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
+    the workers' batches of each iteration), for a single process to replay them."""
+    from . import metrics as _metrics
+    totals = {}
+    for rec in _metrics.load(path):
+        t = int(rec["iteration"])
+        totals[t] = totals.get(t, 0) + int(rec["batch_size"])
+    if sorted(totals) != list(range(len(totals))):
+        raise PlanError(f"{path}: the iterations are not 0..{len(totals) - 1}; give the "
+                        "metrics file of one whole job")
+    return [totals[t] for t in range(len(totals))]

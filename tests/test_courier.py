@@ -168,3 +168,39 @@ def test_plan_cli_bad_input(tmp_path, capsys, args, words):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_loader_replays_a_schedule_and_uses_every_sample_once_per_epoch(monkeypatch):
+    from mxnet import gluon, nd
+
+    import mxlbbsp
+    from mxlbbsp import session
+
+    monkeypatch.delenv("MXLBBSP_COORDINATOR", raising=False)
+    session.close_session()
+    N = 100
+    ds = gluon.data.ArrayDataset(nd.array(np.arange(N).reshape(N, 1)), nd.array(np.arange(N)))
+    schedule = [10, 30, 7, 53, 40, 40, 20, 99, 1]
+    loader = mxlbbsp.DataLoader(ds, global_batch_size=10, shuffle=True, seed=3,
+                                batch_schedule=schedule)
+    sizes, epochs = [], []
+    try:
+        for _ in range(3):
+            seen = []
+            for _, label in loader:
+                sizes.append(len(label))
+                seen.extend(int(i) for i in label.asnumpy())
+            epochs.append(seen)
+        with pytest.raises(TypeError, match="not fixed"):
+            len(loader)
+        assert session.current().lr_factor() == pytest.approx(1 / 10)   # B = 1, B0 = 10
+    finally:
+        session.close_session()
+    assert sizes == schedule
+    for seen in epochs:
+        assert sorted(seen) == list(range(N))
+    assert epochs[0] != epochs[1]                     # a new permutation every epoch
+    bad = mxlbbsp.DataLoader(ds, global_batch_size=10, batch_schedule=[60, 60])
+    with pytest.raises(ValueError, match="past the end of the epoch"):
+        list(bad)
+    session.close_session()
