@@ -11,7 +11,8 @@ from typing import List, Optional
 
 import click
 
-from mxlbbsp import __version__
+from mxlbbsp import __version__, modes
+from mxlbbsp.modes.r2sp import TUNINGS as R2SP_TUNINGS
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
 
@@ -61,11 +62,15 @@ def cli(verbose):
 @click.option("-H", "--hostfile", metavar="PATH",
               help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
                    "'host slots=N'. Without it everything runs on this machine.")
-@click.option("--sync", type=click.Choice(["lbbsp", "bsp", "asp", "r2sp"]), default="lbbsp",
+@click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
-              help="lbbsp: split B by predicted speed; bsp: equal split B/n (dist_sync); "
-                   "asp: equal split, no barrier (dist_async); r2sp: reserved for round-robin "
-                   "synchronisation, not implemented yet.")
+              help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
+@click.option("--r2sp-gap-ratio", type=float, metavar="R",
+              help="r2sp: push slots are spaced R x the iteration time / n, R in (0, 1] "
+                   "(default 0.8).")
+@click.option("--r2sp-tuning", type=click.Choice(R2SP_TUNINGS),
+              help="r2sp: per-worker batch tuning: paper (b += blocked time x speed), "
+                   "balancer (LB-BSP's split), none (equal) (default paper).")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (a small "
                    "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
@@ -110,7 +115,7 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
+def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, predictor, time_model, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
@@ -124,9 +129,7 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ssh_port=ssh_port, ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
-        dry_run=dry_run)
-    if sync == "r2sp":
-        raise ConfigError("--sync r2sp is not implemented yet; use lbbsp, bsp or asp")
+        dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning)
     return Job(config).run()
 
 

@@ -12,7 +12,7 @@ import re
 import shutil
 from typing import Dict, List, Optional, Tuple
 
-from mxlbbsp import _env, predictors
+from mxlbbsp import _env, modes, predictors
 from mxlbbsp.coordinator import TIME_MODELS
 from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
 
@@ -63,7 +63,7 @@ class LaunchConfig:
     num_workers: Optional[int] = None         # None: one per hostfile slot
     num_servers: int = 1
     hostfile: Optional[str] = None
-    sync: str = "lbbsp"
+    sync: str = modes.DEFAULT
     predictor: str = "narx"
     time_model: str = "linear"
     threshold: float = 0.03
@@ -82,6 +82,8 @@ class LaunchConfig:
     ssh_options: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     remote_python: Optional[str] = None
     dry_run: bool = False
+    r2sp_gap_ratio: Optional[float] = None    # None: the mode's default (0.8)
+    r2sp_tuning: Optional[str] = None         # None: the mode's default
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -97,8 +99,14 @@ class LaunchConfig:
             raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
         if self.num_servers < 1:
             raise ConfigError(f"-s/--num-servers must be at least 1 (got {self.num_servers})")
-        if self.sync not in _env.SYNC_MODES:
-            raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(_env.SYNC_MODES)}")
+        if self.sync not in modes.available():
+            raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
+        if self.sync != "r2sp" and (self.r2sp_gap_ratio, self.r2sp_tuning) != (None, None):
+            raise ConfigError(f"--r2sp-gap-ratio and --r2sp-tuning are options of --sync r2sp, "
+                              f"not of --sync {self.sync}; drop them or use --sync r2sp")
+        problem = modes.get(self.sync).check_options(self.sync_options)
+        if problem:
+            raise ConfigError(problem)
         if self.predictor not in predictors.available():
             raise ConfigError(f"--predictor {self.predictor!r}: choose one of "
                               f"{', '.join(predictors.available())}")
@@ -142,6 +150,13 @@ class LaunchConfig:
             raise ConfigError("--bind needs an address this machine listens on")
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
+
+    @property
+    def sync_options(self) -> dict:
+        """The options of the sync mode (for its coordinator policy); None: its default."""
+        if self.sync == "r2sp":
+            return {"gap_ratio": self.r2sp_gap_ratio, "tuning": self.r2sp_tuning}
+        return {}
 
     def resolve_slowdown(self, num_workers: int) -> None:
         """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""

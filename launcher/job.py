@@ -251,7 +251,7 @@ class Job:
             num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
             predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
             max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
-            slowdown=cfg.slowdown))
+            slowdown=cfg.slowdown, sync_options=cfg.sync_options))
         try:
             coord_addr = self.coordinator.start()
         except OSError as exc:

@@ -20,7 +20,7 @@ mxlbbsp's own:
 =====================  ===========================================================
 MXLBBSP_COORDINATOR    host:port of the coordinator (absent: no coordination)
 MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections without it
-MXLBBSP_SYNC           lbbsp | bsp | asp | r2sp  (default lbbsp)
+MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
 MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
 MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..."
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Mapping, Optional, Tuple
 
 ROLE = "DMLC_ROLE"
@@ -56,13 +57,17 @@ SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 LR_SCALING = "MXLBBSP_LR_SCALING"
 BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
 
-SYNC_MODES = ("lbbsp", "bsp", "asp", "r2sp")
-#: sync modes whose MXNet kvstore is dist_async rather than dist_sync
-ASYNC_MODES = ("asp",)
-
 
 class EnvError(RuntimeError):
     """A variable of the contract is missing or malformed."""
+
+
+def refuse(exc: EnvError) -> SystemExit:
+    """Bad input in a worker's environment: one line on stderr, and SystemExit(2) to raise
+    (no traceback)."""
+    sys.stderr.write(f"mxlbbsp: error: {exc}\n")
+    sys.stderr.flush()
+    return SystemExit(2)
 
 
 def _get(env: Optional[Mapping[str, str]], name: str) -> Optional[str]:
@@ -98,16 +103,19 @@ def rank(env: Optional[Mapping[str, str]] = None) -> int:
 
 
 def sync(env: Optional[Mapping[str, str]] = None) -> str:
-    """MXLBBSP_SYNC (default lbbsp)."""
-    mode = _get(env, SYNC) or "lbbsp"
-    if mode not in SYNC_MODES:
-        raise EnvError(f"{SYNC}={mode!r}: expected one of {', '.join(SYNC_MODES)}")
+    """MXLBBSP_SYNC (default: the first registered mode, lbbsp); a registered mode name."""
+    from . import modes
+    mode = _get(env, SYNC) or modes.DEFAULT
+    if mode not in modes.available():
+        raise EnvError(f"{SYNC}={mode!r}: not a sync mode; expected one of "
+                       f"{', '.join(modes.available())} (`mxlbbsp launch --sync` sets it)")
     return mode
 
 
 def kvstore_type(mode: str) -> str:
     """The MXNet kvstore a sync mode runs on."""
-    return "dist_async" if mode in ASYNC_MODES else "dist_sync"
+    from . import modes
+    return modes.get(mode).kvstore
 
 
 def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int]]:

@@ -11,7 +11,9 @@ are in:
    the allocation is sent to every worker;
 3. when a worker's ``done`` for t arrives (after its push/pull), one metrics record is written.
 
-In ``bsp`` and ``asp`` the workers split the batch equally by themselves and never wait for the
+What the coordinator does with the forecast is the sync mode's (:mod:`mxlbbsp.modes`): its
+coordinator policy validates the hellos, gives the first split and plans each next one. In
+``bsp`` and ``asp`` the workers split the batch equally by themselves and never wait for the
 coordinator; it still predicts, so that predictors can be compared on any run.
 
 No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
@@ -30,6 +32,7 @@ from typing import Dict, List, Optional, TextIO
 import numpy as np
 
 from . import balancer as _bal
+from . import modes as _modes
 from . import predictors as _pred
 from . import protocol as P
 
@@ -54,10 +57,14 @@ class CoordinatorConfig:
     slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
+    sync_options: dict = dataclasses.field(default_factory=dict)   # the mode's own options
 
     def __post_init__(self):
         if self.num_workers < 1:
             raise ValueError("num_workers must be >= 1")
+        problem = _modes.get(self.sync).check_options(self.sync_options)
+        if problem:
+            raise ValueError(problem)
         if self.time_model not in TIME_MODELS:
             raise ValueError(f"time_model must be one of {TIME_MODELS}")
         if self.predictor not in _pred.available():
@@ -93,6 +100,7 @@ class Coordinator:
         self._predictor = _pred.create(config.predictor, n, **options)
         self._fit = _bal.AffineFit(n)
         self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
+        self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
         self._byes: set = set()
@@ -216,10 +224,11 @@ class Coordinator:
                 self._on_done(rank, msg)
             elif kind == P.BYE:
                 self._byes.add(rank)
+                self._policy.on_bye(rank)
                 if len(self._byes) == self.config.num_workers:
                     self._flush_records(final=True)
                     self.finished.set()
-            else:
+            elif not self._policy.on_message(rank, msg):
                 raise P.ProtocolError(f"unexpected message {kind!r}")
         except (P.ProtocolError, ValueError, KeyError, TypeError) as exc:
             self._reject(conn, str(exc))
@@ -284,12 +293,13 @@ class Coordinator:
         self._hellos[rank] = msg
         self._writers[rank] = writer
         if len(self._hellos) == n:
-            problem = self._validate()
+            problem = self._validate() or self._policy.validate(
+                [self._hellos[r] for r in range(n)])
             if problem:
                 self._fail(problem, kind="config")
             else:
                 B = int(self._hellos[0]["global_batch_size"])
-                self._sizes = _bal.equal_split(B, n)
+                self._sizes = np.asarray(self._policy.first_split(B))
                 self._broadcast(P.welcome(n, self.config.sync, self._sizes))
         return rank
 
@@ -345,6 +355,7 @@ class Coordinator:
         # The metrics record is built when it is written (_flush_records): nothing on the
         # path from the last report to the broadcast that need not be there.
         self._records.setdefault((t, rank), {})["report"] = msg
+        self._policy.on_report(rank, msg)
         reports = self._reports.setdefault(t, {})
         reports[rank] = msg
         if len(reports) == self.config.num_workers:
@@ -361,9 +372,7 @@ class Coordinator:
         next_B = reports[0].get("next_global_batch")
         if t < self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
-            if next_B is not None and self.config.sync == "lbbsp":
-                self._sizes = _bal.rescale(self._sizes, next_B)
-                self._send_allocation(t + 1, self._sizes)
+            self._sizes = self._policy.warmup(t, next_B, self._sizes)
             return
         affine = self.config.time_model == "affine"
         if affine:
@@ -386,16 +395,13 @@ class Coordinator:
         current = self._sizes
         if current is not None and int(current.sum()) != next_B:
             current = _bal.rescale(current, next_B)
-        if self.config.sync == "lbbsp":
-            try:
-                sizes = self._balancer.allocate(model, next_B, current)
-            except _bal.AllocationError as exc:
-                self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
-                return
-            self._send_allocation(t + 1, sizes)
+        try:
+            sizes = self._policy.plan(t, model, next_B, current)
+        except _bal.AllocationError as exc:
+            self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
+            return
+        if self._policy.sends:
             self.alloc_latency.append(time.perf_counter() - started)
-        else:
-            sizes = _bal.equal_split(next_B, n)
         self._sizes = np.asarray(sizes)
         # What the predictor expects each worker's observed speed to be at t+1.
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
@@ -404,6 +410,7 @@ class Coordinator:
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])
         self._records.setdefault((t, rank), {})["done"] = msg
+        self._policy.on_done(rank, msg)
         count = self._done_count.get(t, 0) + 1
         if count < self.config.num_workers:
             self._done_count[t] = count

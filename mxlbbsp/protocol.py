@@ -9,6 +9,8 @@ worker -> coordinator
              next_global_batch}       sent when iteration t's gradients are ready
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
     bye     {}                        the worker's training loop ended
+    request {iteration, next_global_batch}   (r2sp) request to proceed: the worker's gradients
+                                      of ``iteration`` are ready, it waits for a push slot
 coordinator -> worker
     welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
                                               iteration 0
@@ -16,6 +18,9 @@ coordinator -> worker
                                       ``iteration``: samples [offset, offset + size) of total.
                                       One message per worker, so a broadcast to n workers is
                                       O(n) bytes, not O(n^2)
+    grant   {iteration, offset, size, total}   (r2sp) permission to push ``iteration`` now;
+                                      carries the worker's slice of iteration + 1 (null
+                                      fields when there is none)
     error   {message}                 fatal; the worker stops with this message
 
 No framework imports; stdlib only.
@@ -30,6 +35,7 @@ MAX_LINE = 1 << 20  # bytes; longer lines are a protocol error
 
 HELLO, REPORT, DONE, BYE = "hello", "report", "done", "bye"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
+REQUEST, GRANT = "request", "grant"
 
 
 class ProtocolError(ValueError):
@@ -100,6 +106,17 @@ def alloc_line(iteration: int, offset: int, size: int, total: int) -> bytes:
     """``encode(alloc(...))``, without json: the coordinator writes n of these at once."""
     return b'{"type":"alloc","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
         iteration, offset, size, total)
+
+
+def request(iteration: int, next_global_batch: Optional[int]) -> Dict[str, Any]:
+    return {"type": REQUEST, "iteration": iteration, "next_global_batch": next_global_batch}
+
+
+def grant(iteration: int, piece: Optional[Sequence[int]]) -> Dict[str, Any]:
+    """``piece``: (offset, size, total) of the worker's slice of ``iteration + 1``, or None."""
+    offset, size, total = (None, None, None) if piece is None else (int(x) for x in piece)
+    return {"type": GRANT, "iteration": iteration, "offset": offset, "size": size,
+            "total": total}
 
 
 def error(message: str) -> Dict[str, Any]:

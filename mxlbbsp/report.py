@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from . import metrics
+from . import modes as _modes
 
 __all__ = ["write_report", "ReportError", "InputError", "OutputError", "AGGREGATE_ABOVE"]
 
@@ -40,7 +41,7 @@ __all__ = ["write_report", "ReportError", "InputError", "OutputError", "AGGREGAT
 #: drawing one line per worker.
 AGGREGATE_ABOVE = 8
 
-SYNC_NAMES = {"lbbsp": "LB-BSP", "bsp": "BSP", "asp": "ASP", "r2sp": "R2SP"}
+SYNC_NAMES = _modes.labels()
 
 _DPI = 110
 _COMPUTE_COLOR = "#4c72b0"
@@ -110,7 +111,8 @@ class Run:
     @property
     def aligned(self) -> bool:
         """Whether iteration t means the same step on every worker (not so in ASP)."""
-        return self.sync != "asp"
+        mode = _mode(self.sync)
+        return True if mode is None else mode.aligned
 
     @property
     def samples_per_s(self) -> float:
@@ -213,6 +215,14 @@ def _label_runs(runs: Sequence[Run]) -> None:
     for i, run in enumerate(runs):
         if labels.count(run.label) > 1:
             run.label = f"{run.label} #{i + 1}"
+
+
+def _mode(name: str) -> Optional["_modes.SyncMode"]:
+    """The registered mode of a run (None for a name this version does not know)."""
+    try:
+        return _modes.get(name)
+    except _modes.UnknownMode:
+        return None
 
 
 def _stem(path: str) -> str:
@@ -774,8 +784,9 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
     unit = _time_unit([p["mean_iteration_s"] for p in s["per_rank"].values()]
                       + [p["mean_compute_s"] for p in s["per_rank"].values()])
     pred = html.escape(run.predictor)
-    if run.sync != "lbbsp":
-        pred += " (recorded only: this mode splits the batch equally)"
+    mode = _mode(run.sync)
+    if mode is not None and not mode.uses_predictor:
+        pred += " (recorded only: this mode does not split by it)"
     out = [f'<h2 id="{anchor}">{html.escape(run.label)}</h2>',
            f'<p class="meta">sync mode <b>{html.escape(run.name)}</b> '
            f'(<code>{html.escape(run.sync)}</code>) &middot; predictor <b>{pred}</b> &middot; '

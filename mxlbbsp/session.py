@@ -7,9 +7,11 @@ anybody: the loader gets the whole global batch.
 
 Timeline of iteration t on a worker, and what is measured::
 
-    |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|-- push/pull --|
-    |<- alloc wait ---->|<----------- compute_s (stretched by the factor) ->|<- sync_s ->|
-    wait_s = alloc wait + sync_s          iteration_s = compute_s + wait_s
+    |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|-- slot --|-- push/pull --|
+    |<- alloc wait ---->|<----------- compute_s (stretched by the factor) ->|<- slot ->|<- sync_s ->|
+    wait_s = alloc wait + slot wait + sync_s          iteration_s = compute_s + wait_s
+
+(the slot wait, for a push slot granted by the coordinator, is r2sp's; 0 in other modes)
 
 ``compute_s`` is everything the worker does on its own (it grows with its batch);
 ``wait_s`` is time spent waiting for the others. The report of t (batch, compute_s, host CPU and
@@ -33,6 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from . import _env
 from . import balancer as _bal
+from . import modes as _modes
 from . import protocol as P
 from .slowdown import Schedule
 
@@ -99,9 +102,13 @@ class Session:
                  max_batch_size: Optional[int] = None, env=None):
         self.global_batch_size = int(global_batch_size)
         self.rank = _env.rank(env)
-        self.sync = _env.sync(env)
+        try:
+            self.sync = _env.sync(env)
+        except _env.EnvError as exc:
+            raise _env.refuse(exc) from None
+        self.mode = _modes.get(self.sync)
         #: the coordinator chooses each global batch B(t) (a mode like courier)
-        self.sets_batch = False
+        self.sets_batch = bool(getattr(self.mode, "sets_batch", False))
         #: a single process replays recorded global batch sizes (DataLoader batch_schedule)
         self.replaying = False
         self.lr_scaling = _env.lr_scaling(env)
@@ -121,6 +128,8 @@ class Session:
         self._t_end = None                # when the previous step ended
         self._t_ready = None              # when this iteration's gradients were ready
         self._alloc_wait = 0.0
+        self._slot_wait = 0.0             # r2sp: waiting for the push slot
+        self._granted = -1                # r2sp: the last iteration granted a push slot
         self._untimed = 0.0               # seconds inside untimed() since the last step
         self._compute = 0.0
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
@@ -188,6 +197,20 @@ class Session:
                         self._cond.notify_all()
                     for fn in list(self._listeners):
                         fn(t, piece)
+                elif msg["type"] == P.GRANT:
+                    t = int(msg["iteration"])
+                    piece = None
+                    if msg.get("size") is not None:
+                        piece = _bal.Slice(int(msg["offset"]), int(msg["size"]),
+                                           int(msg["total"]))
+                    with self._cond:
+                        if piece is not None:
+                            self._alloc[t + 1] = piece
+                        self._granted = max(self._granted, t)
+                        self._cond.notify_all()
+                    if piece is not None:
+                        for fn in list(self._listeners):
+                            fn(t + 1, piece)
                 elif msg["type"] == P.ERROR:
                     with self._cond:
                         self._failure = msg["message"]
@@ -218,12 +241,12 @@ class Session:
               block: bool = True) -> Optional[_bal.Slice]:
         """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
-        ``lbbsp`` waits for the coordinator from iteration 1 on; the other modes, and a
-        single process, know their split at once. With ``block=False``, None when not known.
+        A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``) waits for it from
+        iteration 1 on; the other modes, and a single process, know their split at once. With ``block=False``, None when not known.
         """
         if iteration == 0:
             piece = self._initial
-        elif not self.coordinated or self.sync != "lbbsp":
+        elif not self.coordinated or not self.mode.follows_allocations:
             piece = _bal.slice_of(_bal.equal_split(global_batch, self.num_workers), self.rank)
         else:
             piece = self._wait_allocation(iteration, block)
@@ -309,14 +332,38 @@ class Session:
             self._send(P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                                 self.next_global_batch()))
 
+    def before_push(self) -> None:
+        """Call between :meth:`gradients_ready` and the push: whatever the mode waits for."""
+        self.mode.before_push(self)
+
+    def wait_for_slot(self) -> None:
+        """(r2sp) Ask the coordinator for a push slot for this iteration; block until granted.
+
+        The grant also brings this worker's slice of the next iteration."""
+        if not self.coordinated:
+            return
+        start = time.perf_counter()
+        t = self.iteration
+        self._send(P.request(t, self.next_global_batch()))
+        with self._cond:
+            while self._granted < t:
+                if self._failure is not None:
+                    raise JobAborted(self._failure)
+                if self._lost:
+                    raise CoordinatorLost("lost the connection to the coordinator")
+                self._cond.wait(1.0)
+        self._slot_wait = time.perf_counter() - start
+
     def step_done(self) -> None:
         """Call once this iteration's push/pull has completed (engine synchronised)."""
         now = time.perf_counter()
-        sync = now - (self._t_ready if self._t_ready is not None else now)
+        sync = now - (self._t_ready if self._t_ready is not None else now) - self._slot_wait
         iteration_s = now - self._t_end
         self._t_end = now
         if self.coordinated:
-            self._send(P.done(self.iteration, self._alloc_wait + sync, sync, iteration_s))
+            self._send(P.done(self.iteration, self._alloc_wait + self._slot_wait + sync, sync,
+                              iteration_s))
+        self._slot_wait = 0.0
 
     def close(self) -> None:
         if self._sock is None:

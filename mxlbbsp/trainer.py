@@ -13,8 +13,10 @@ the optimizer the servers keep is right), and when an iteration's normaliser N(t
 (the short last batch of an epoch) every gradient is multiplied by N0 / N(t) before the push.
 Without a distributed kvstore (a single process), ``rescale_grad`` is simply set every step.
 
-The normaliser is the global batch B(t) in the synchronous modes, and the worker's own batch
-b_i(t) in ``asp`` (each push is applied on its own there, as in MXNet's dist_async).
+The normaliser is the sync mode's (:mod:`mxlbbsp.modes`): the global batch B(t) in the
+synchronous modes, the worker's own batch b_i(t) in ``asp`` (each push is applied on its own
+there, as in MXNet's dist_async), the initial batch B/n in ``r2sp``. Between the gradients and
+the push, the mode may make the worker wait (``r2sp``: for its push slot).
 
 ``step()`` is also where a worker's iteration is timed: it waits for MXNet's asynchronous
 engine to finish the gradients before it reads the clock (and reports to the coordinator),
@@ -33,14 +35,17 @@ from . import session as _session
 class Trainer(gluon.Trainer):
     """``gluon.Trainer`` for LB-BSP; ``step()`` needs no batch size inside a job.
 
-    ``kvstore`` defaults to the job's (dist_sync, or dist_async for ``--sync asp``) when
+    ``kvstore`` defaults to the job's sync mode's (dist_sync, or dist_async for asp, r2sp) when
     started by ``mxlbbsp launch``, and to no kvstore in a single process.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore=None,
                  compression_params=None, update_on_kvstore=None):
         if kvstore is None:
-            kvstore = _env.kvstore_type(_env.sync()) if _env.role() == "worker" else "device"
+            try:
+                kvstore = _env.kvstore_type(_env.sync()) if _env.role() == "worker" else "device"
+            except _env.EnvError as exc:
+                raise _env.refuse(exc) from None
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore,
                          compression_params=compression_params,
                          update_on_kvstore=update_on_kvstore)
@@ -56,9 +61,7 @@ class Trainer(gluon.Trainer):
         if sess is None or sess.iteration < 0:
             raise ValueError("Trainer.step() needs a batch_size unless the batches come from "
                              "an mxlbbsp.DataLoader")
-        if sess.sync in _env.ASYNC_MODES:
-            return float(sess.batch_local), sess.global_batch_size / sess.num_workers
-        return float(sess.batch_global), float(sess.global_batch_size)
+        return sess.mode.normalisers(sess)
 
     def step(self, batch_size=None, ignore_stale_grad=False):
         """Push this worker's gradients, pull the new parameters: one LB-BSP iteration.
@@ -75,6 +78,7 @@ class Trainer(gluon.Trainer):
         if sess is not None:
             nd.waitall()
             sess.gradients_ready()
+            sess.before_push()
         if not self._kv_initialized:
             self._optimizer.rescale_grad = self._scale / nominal
             self._init_kvstore()

@@ -1,0 +1,148 @@
+"""The sync-mode interface and its registry: one module per mode.
+
+A sync mode says how the workers of a job keep in step. It has two sides:
+
+coordinator side (:class:`CoordinatorPolicy`, one instance per job, inside the coordinator)
+    ``validate``     extra checks of the workers' hellos (after the common ones)
+    ``first_split``  the allocation of iteration 0 (sent in ``welcome``)
+    ``warmup``       what to do with iteration t's reports while warming up (t < warmup)
+    ``plan``         once all n reports of t are in: the split of iteration t+1. A policy that
+                     ``sends`` allocations sends it itself (:meth:`Coordinator.send_allocation`),
+                     and may choose its total, the global batch B(t+1), itself: the workers
+                     follow ``total`` of the ``alloc`` message
+    ``on_report``    one worker's report, as it arrives
+    ``on_message``   messages of the mode's own (e.g. r2sp's ``request``)
+    ``on_done`` / ``on_bye``  a worker finished an iteration / its training loop
+
+worker side (:class:`SyncMode`, methods taking the worker's :class:`~mxlbbsp.session.Session`)
+    ``kvstore``             the MXNet kvstore type (dist_sync or dist_async)
+    ``follows_allocations`` whether the worker waits for the coordinator's split from
+                            iteration 1 on (else it cuts the equal split by itself)
+    ``normalisers``         (N(t), N0): the gradient normaliser of this step and the nominal
+                            one baked into the servers' optimizer (see :mod:`mxlbbsp.trainer`)
+    ``before_push``         anything to wait for between the gradients and the push
+
+Nothing here imports MXNet: the trainer (which does) calls the worker side.
+"""
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional, Sequence, Tuple, Type
+
+import numpy as np
+
+from .. import balancer as _bal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..coordinator import Coordinator
+    from ..session import Session
+
+
+class UnknownMode(ValueError):
+    """A sync mode name that no module registered."""
+
+
+class CoordinatorPolicy:
+    """A mode's coordinator side. The default: equal split, no messages of its own."""
+
+    #: whether this policy sends ``alloc`` messages (then the workers wait for them)
+    sends = False
+
+    def __init__(self, coordinator: "Coordinator", options: Optional[dict] = None):
+        self.coordinator = coordinator
+        self.num_workers = coordinator.config.num_workers
+        self.options = dict(options or {})
+
+    def validate(self, hellos: Sequence[dict]) -> Optional[str]:
+        """The first problem with the hellos for this mode, or None."""
+        return None
+
+    def first_split(self, global_batch: int) -> np.ndarray:
+        return _bal.equal_split(global_batch, self.num_workers)
+
+    def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
+        """Iteration t < warmup: not learnt from. Returns the split in force for t+1."""
+        return current
+
+    def plan(self, t: int, model: _bal.TimeModel, next_B: int,
+             current: Optional[np.ndarray]) -> np.ndarray:
+        """The split of iteration t+1 (all n reports of t are in).
+
+        May raise :class:`~mxlbbsp.balancer.AllocationError` (the job fails with its text).
+        """
+        return _bal.equal_split(next_B, self.num_workers)
+
+    def on_report(self, rank: int, msg: dict) -> None:
+        """Worker ``rank``'s report of ``msg['iteration']`` (its gradients are ready)."""
+
+    def on_message(self, rank: int, msg: dict) -> bool:
+        """A message the coordinator does not know; True when this policy handled it."""
+        return False
+
+    def on_done(self, rank: int, msg: dict) -> None:
+        """Worker ``rank`` finished its push/pull of ``msg['iteration']``."""
+
+    def on_bye(self, rank: int) -> None:
+        """Worker ``rank`` ended its training loop."""
+
+
+class SyncMode(abc.ABC):
+    """One sync mode: its names, its worker side and its coordinator policy class."""
+
+    name: ClassVar[str] = ""
+    #: the name people read (report, progress)
+    label: ClassVar[str] = ""
+    #: one sentence for ``mxlbbsp launch --help``
+    help: ClassVar[str] = ""
+    kvstore: ClassVar[str] = "dist_sync"
+    #: iteration t is the same step on every worker (report: per-iteration sums make sense)
+    aligned: ClassVar[bool] = True
+    #: the predictor's forecasts drive the split (report: else they are only recorded)
+    uses_predictor: ClassVar[bool] = False
+    policy: ClassVar[Type[CoordinatorPolicy]] = CoordinatorPolicy
+
+    @property
+    def follows_allocations(self) -> bool:
+        return self.policy.sends
+
+    @staticmethod
+    def check_options(options: dict) -> Optional[str]:
+        """The first problem with this mode's options (a one-line message), or None."""
+        return None
+
+    def normalisers(self, sess: "Session") -> Tuple[float, float]:
+        """(N(t), N0): synchronous modes normalise by the global batch B(t)."""
+        return float(sess.batch_global), float(sess.global_batch_size)
+
+    def before_push(self, sess: "Session") -> None:
+        """Called once the gradients are ready and reported, before the push."""
+
+
+_REGISTRY: Dict[str, SyncMode] = {}
+
+
+def register(cls: Type[SyncMode]) -> Type[SyncMode]:
+    """Class decorator: make a sync mode available under ``cls.name``."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"sync mode {cls.name!r} is unnamed or already registered")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def available() -> list:
+    """Names of the registered sync modes, in registration order (the first is the default)."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> SyncMode:
+    """The mode registered under ``name``; :class:`UnknownMode` (one line) otherwise."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownMode(f"unknown sync mode {name!r}; choose one of "
+                          f"{', '.join(available())}") from None
+
+
+def labels() -> Dict[str, str]:
+    """{name: label} of every mode."""
+    return {name: mode.label for name, mode in _REGISTRY.items()}

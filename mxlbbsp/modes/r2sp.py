@@ -1,0 +1,238 @@
+"""``r2sp``: round-robin synchronisation (Chen, Wang, Li, INFOCOM 2019) on dist_async servers.
+
+When every worker pushes at the same instant, the parameter servers' link is the bottleneck.
+R2SP staggers the pushes: each push is applied on its own as it arrives (MXNet's dist_async,
+as in ``asp``), but a worker may push only when the coordinator grants it a slot. Slots go
+round-robin to ranks 0..n-1, spaced by a gap r*T/n, where T is the workers' iteration time
+without the wait for the slot (an EMA over their ``done`` messages) and r is
+``--r2sp-gap-ratio`` (0.8 by default, the paper's best). Staleness is at most n-1 updates.
+
+Worker loop (iteration t): wait for its slice of t (it came with the grant of t-1); compute;
+report; send ``request(t)`` and block until ``grant(t)``; push and pull. The grant carries
+the worker's slice of t+1: the split of every round is decided once, when the round's first
+slot is granted, so the slices of one round still tile the global batch B(t) exactly as in
+the synchronous modes (every sample once per epoch).
+
+Gradient scaling. The servers' optimizer has a fixed ``rescale_grad = 1/N0`` (Gluon pickles
+it once), and each push is one update. A worker pushes the *sum* of its b_i per-sample
+gradients, and N0 = B/n, the initial batch of every worker. So an update is
+lr * (b_i / b_i0) * mean gradient: the paper's scaling of each update by its batch relative to
+the initial batch, with no per-step multiply (the normaliser is constant, N(t) = N0). A round
+of n updates then moves the parameters by lr * (sum of the round's gradients) / (B/n), the
+same as ``asp``'s n updates when the split is equal.
+
+Batch tuning for heterogeneous workers (``--r2sp-tuning``):
+
+``paper``     b_i <- b_i + blocked_i * v_i (blocked_i: worker i's latest wait for its slot,
+              v_i = b_i / compute_i its latest speed), scaled to keep sum = B(t+1): a worker
+              that waits for others gets the samples it could have processed meanwhile;
+``balancer``  the LB-BSP balancer's min-makespan split on the predictor's forecasts (decided
+              when all reports of t are in, applied at the next round);
+``none``      the equal split.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from .. import balancer as _bal
+from .. import protocol as P
+from ._api import CoordinatorPolicy, SyncMode, register
+
+TUNINGS = ("paper", "balancer", "none")
+DEFAULTS = {"gap_ratio": 0.8, "tuning": "paper"}
+EMA_ALPHA = 0.2
+
+
+def proportional_split(weights, total: int) -> np.ndarray:
+    """An integer split of ``total`` proportional to ``weights`` (> 0), each part >= 1
+    (largest remainders, ties to the lower rank)."""
+    w = np.asarray(weights, dtype=float)
+    n = len(w)
+    if total < n:
+        raise _bal.AllocationError(f"cannot split {total} samples among {n} workers")
+    share = (total - n) * w / w.sum()
+    base = np.floor(share).astype(np.int64)
+    rest = int(total - n - base.sum())
+    order = np.argsort(-(share - base), kind="stable")
+    base[order[:rest]] += 1
+    return base + 1
+
+
+class R2SPPolicy(CoordinatorPolicy):
+    """Grants push slots in round-robin order, spaced by the learned gap."""
+
+    sends = True
+
+    def __init__(self, coordinator, options=None):
+        super().__init__(coordinator, options)
+        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
+        problem = R2SP.check_options(opts)
+        if problem:
+            raise ValueError(problem)
+        self.gap_ratio = float(opts["gap_ratio"])
+        self.tuning = opts["tuning"]
+        n = self.num_workers
+        self._requests: Dict[int, Tuple[int, float, Optional[int]]] = {}  # rank -> (t, at, B')
+        self._next = 0                   # the rank whose slot comes next
+        self._round = 0
+        self._last_grant = -float("inf")
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._gone: set = set()          # ranks that said bye
+        self._splits: Dict[int, np.ndarray] = {}   # round -> split in force
+        self._planned: Optional[np.ndarray] = None  # the balancer's latest split
+        self._blocked = np.zeros(n)      # each worker's latest wait for its slot (s)
+        self._grant_at: Dict[Tuple[int, int], float] = {}
+        self._speed = np.full(n, np.nan)
+        self.iteration_time: Optional[float] = None   # T, EMA of unblocked iteration time
+        self.grants = 0
+
+    @property
+    def gap(self) -> float:
+        """The spacing of consecutive slots, r*T/n (0 until T is known)."""
+        if self.iteration_time is None:
+            return 0.0
+        return self.gap_ratio * self.iteration_time / self.num_workers
+
+    def first_split(self, global_batch):
+        sizes = super().first_split(global_batch)
+        self._splits[0] = sizes
+        return sizes
+
+    def plan(self, t, model, next_B, current):
+        if self.tuning == "balancer":
+            self._planned = self.coordinator._balancer.allocate(model, next_B, current)
+        split = self._splits.get(t + 1)
+        return split if split is not None else (
+            current if current is not None and int(current.sum()) == next_B
+            else _bal.equal_split(next_B, self.num_workers))
+
+    def on_report(self, rank, msg):
+        if int(msg["iteration"]) >= self.coordinator.config.warmup:
+            self._speed[rank] = msg["batch_size"] / msg["compute_s"]
+
+    def on_message(self, rank, msg):
+        if msg["type"] != P.REQUEST:
+            return False
+        t = int(msg["iteration"])
+        nb = msg.get("next_global_batch")
+        if nb is not None and (not isinstance(nb, int) or nb < 1):
+            raise P.ProtocolError(f"request of iteration {t} has next_global_batch={nb!r}")
+        self._requests[rank] = (t, time.monotonic(), nb)
+        self._try_grant()
+        return True
+
+    def on_done(self, rank, msg):
+        t = int(msg["iteration"])
+        granted = self._grant_at.pop((rank, t), None)
+        it = msg.get("iteration_s")
+        if t < self.coordinator.config.warmup or granted is None or it is None:
+            return
+        unblocked = max(float(it) - granted, 1e-6)
+        T = self.iteration_time
+        self.iteration_time = unblocked if T is None else T + EMA_ALPHA * (unblocked - T)
+
+    def on_bye(self, rank):
+        self._gone.add(rank)
+        self._requests.pop(rank, None)
+        self._try_grant()
+
+    # ---- slots ------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        self._next += 1
+        if self._next == self.num_workers:
+            self._next = 0
+            self._round += 1
+
+    def _try_grant(self) -> None:
+        if self._timer is not None:
+            return
+        for _ in range(self.num_workers):
+            if len(self._gone) == self.num_workers or self.coordinator.failure is not None:
+                return
+            if self._next in self._gone:
+                self._advance()
+                continue
+            rank = self._next
+            req = self._requests.get(rank)
+            if req is None:
+                return
+            now = time.monotonic()
+            due = self._last_grant + self.gap
+            if now < due:
+                self._timer = asyncio.get_running_loop().call_later(due - now, self._on_timer)
+                return
+            del self._requests[rank]
+            self._grant(rank, *req, now)
+            self._last_grant = now
+            self._advance()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._try_grant()
+
+    def _grant(self, rank: int, t: int, asked: float, next_B: Optional[int], now: float) -> None:
+        self._blocked[rank] = now - asked
+        self._grant_at[(rank, t)] = now - asked
+        split = self._splits.get(t + 1)
+        if split is None and next_B is not None:
+            split = self._decide(t, next_B)
+            self._splits[t + 1] = split
+            for old in [k for k in self._splits if k < t]:
+                del self._splits[old]
+        self.grants += 1
+        if split is not None and next_B is not None and int(split.sum()) != next_B:
+            split = _bal.rescale(split, next_B)     # a worker that counts batches differently
+        piece = None if split is None or next_B is None else _bal.slice_of(split, rank)
+        self.coordinator._send(rank, P.grant(t, piece))
+
+    def _decide(self, t: int, next_B: int) -> np.ndarray:
+        """The split of round t+1, decided when round t's first slot is granted."""
+        n = self.num_workers
+        current = self._splits.get(t)
+        if current is None:
+            current = _bal.equal_split(next_B, n)
+        if t < self.coordinator.config.warmup or self.tuning == "none":
+            return _bal.rescale(current, next_B)
+        if self.tuning == "balancer":
+            return _bal.rescale(self._planned if self._planned is not None else current, next_B)
+        if not np.all(np.isfinite(self._speed)):
+            return _bal.rescale(current, next_B)
+        target = current + self._blocked * self._speed
+        split = proportional_split(target, next_B)
+        cap = self.coordinator._balancer.max_batch
+        if cap is not None and np.any(split > cap):
+            split = _bal.rescale(current, next_B)
+        return split
+
+
+@register
+class R2SP(SyncMode):
+    name = "r2sp"
+    label = "R2SP"
+    help = ("round-robin push slots spaced r*T/n on dist_async servers; batch sizes tuned "
+            "(--r2sp-tuning)")
+    kvstore = "dist_async"
+    policy = R2SPPolicy
+
+    @staticmethod
+    def check_options(options: dict) -> Optional[str]:
+        r = options.get("gap_ratio", DEFAULTS["gap_ratio"])
+        if r is not None and not (isinstance(r, (int, float)) and 0 < r <= 1):
+            return (f"--r2sp-gap-ratio {r}: must be in (0, 1], e.g. 0.8 (slots spaced 0.8 "
+                    "of the iteration time / n)")
+        tuning = options.get("tuning", DEFAULTS["tuning"])
+        if tuning is not None and tuning not in TUNINGS:
+            return f"--r2sp-tuning {tuning!r}: choose one of {', '.join(TUNINGS)}"
+        return None
+
+    def normalisers(self, sess) -> Tuple[float, float]:
+        nominal = sess.global_batch_size / sess.num_workers
+        return nominal, nominal
+
+    def before_push(self, sess) -> None:
+        sess.wait_for_slot()
