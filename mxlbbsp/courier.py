@@ -161,15 +161,15 @@ def choose(rows: Sequence[Row]) -> tuple:
 class BatchPlanner:
     """Re-plans the global batch as the job runs, with hysteresis.
 
-    Every ``every`` iterations (or at once when the current batch is predicted to miss the
-    deadline) it computes :func:`plan` for the remaining samples and the time left, and:
+    Every iteration it computes :func:`plan` for the remaining work and the time left, and:
 
     * moves **up** at once to the smallest batch that meets the deadline when the current one
       is predicted to miss it. A batch is chosen when it finishes within (1 - ``margin``) of
       the time left and kept while it finishes within (1 - ``margin``/2): noise in the
       predictions does not move B back and forth across one line;
-    * moves **down** to a smaller batch only when that one meets the deadline with the margin
-      and it is at least ``min_step`` times smaller (no jitter between neighbours);
+    * moves **down** only when, at each of the last ``every`` plans, a batch at least
+      ``min_step`` times smaller met the deadline with the whole margin, and then to the
+      largest of those (no jitter between neighbours, no dive on one optimistic forecast);
     * when no batch meets the deadline, takes the fastest one and says so (``missing``).
     """
 
@@ -186,7 +186,7 @@ class BatchPlanner:
         self.current: Optional[int] = None
         self.missing = False              # no candidate meets the deadline
         self.last_rows: List[Row] = []
-        self._since = 0
+        self._down: List[int] = []
 
     def initial(self, model: _bal.TimeModel, sync_s: float, work: Work,
                 time_left: float, max_batch=None) -> int:
@@ -197,7 +197,6 @@ class BatchPlanner:
     def update(self, model: _bal.TimeModel, sync_s: float, work: Work, time_left: float,
                max_batch=None, force: bool = False) -> int:
         """The global batch for the next iteration."""
-        self._since += 1
         time_left = max(time_left, 0.0)
         rows = plan(model, sync_s, work, self.batches, time_left * (1.0 - self.margin),
                     max_batch)
@@ -206,7 +205,7 @@ class BatchPlanner:
         self.missing = not meets
         cur = self.current
         if cur is None or force:
-            self.current, self._since = best, 0
+            self.current, self._down = best, []
             return best
         row = next((r for r in rows if r.batch == cur), None)
         # Chosen with the whole margin, kept while it meets the deadline with half of it:
@@ -214,11 +213,16 @@ class BatchPlanner:
         keep = row is not None and row.finish_s <= time_left * (1.0 - self.margin / 2)
         if not keep:
             # Behind: move at once (to the smallest that meets it, or the fastest).
-            if best != cur:
-                self.current, self._since = best, 0
-            return self.current
-        if self._since >= self.every and meets and best * self.min_step <= cur:
-            self.current, self._since = best, 0
+            self.current, self._down = best, []
+            return best
+        # Ahead: a smaller batch only after it met the deadline at every one of the last
+        # `every` plans, and then the largest of those choices (the most cautious).
+        if meets and best * self.min_step <= cur:
+            self._down.append(best)
+        else:
+            self._down = []
+        if len(self._down) >= self.every:
+            self.current, self._down = max(self._down), []
         return self.current
 
     def predicted_finish(self, batch: Optional[int] = None) -> float:

@@ -329,8 +329,10 @@ class Session:
         self._t_ready = time.perf_counter()
         if self.coordinated:
             cpu, mem = _host_load()
-            self._send(P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
-                                self.next_global_batch()))
+            msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
+                           self.next_global_batch())
+            msg["global_batch"] = self.batch_global
+            self._send(msg)
 
     def before_push(self) -> None:
         """Call between :meth:`gradients_ready` and the push: whatever the mode waits for."""

@@ -1,5 +1,6 @@
 """Courier's planning (mxlbbsp.courier) and `mxlbbsp plan`: no processes, milliseconds."""
 import json
+import os
 import math
 
 import numpy as np
@@ -204,3 +205,111 @@ def test_loader_replays_a_schedule_and_uses_every_sample_once_per_epoch(monkeypa
     with pytest.raises(ValueError, match="past the end of the epoch"):
         list(bad)
     session.close_session()
+
+
+# ---- the courier mode in the coordinator, with real sessions over loopback TCP -------------
+
+from test_coordinator import coordinator, sessions  # noqa: E402,F401  (fixture and helper)
+
+
+def _courier_iteration(ss, speeds, sync_s=0.05):
+    """One iteration of every worker at the given per-sample speeds (a stand-in clock), with
+    a push/pull of ``sync_s``: the fixed cost per iteration that a larger batch amortises."""
+    sizes = []
+    for s, v in zip(ss, speeds):
+        t, offset, local = s.next_iteration(None)
+        sizes.append(local)
+        s._t_end -= local / v
+        s.gradients_ready()
+    for s in ss:
+        s._t_ready -= sync_s
+        s.step_done()
+    return t, ss[0].batch_global, sizes
+
+
+def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinator):
+    n, N = 4, 20000
+    c = coordinator(n, sync="courier", predictor="last",
+                    sync_options={"deadline": "12s", "batch_range": "32:1024", "epochs": 1})
+    ss, errors = sessions(c, n, B=64, N=N, sync="courier")
+    assert not errors
+    for s in ss:
+        s.next_global_batch = lambda: N
+    fast, slow = [1000.0] * 4, [1000.0, 1000.0, 250.0, 250.0]
+    history = [_courier_iteration(ss, fast) for _ in range(15)]
+    before = history[-1][1]
+    history += [_courier_iteration(ss, slow) for _ in range(10)]
+    during = max(b for _, b, _ in history[-10:])
+    history += [_courier_iteration(ss, fast) for _ in range(20)]
+    after = history[-1][1]
+    for s in ss:
+        s.close()
+    assert c.failure is None
+    for t, B, sizes in history:
+        assert sum(sizes) == B and min(sizes) >= 1         # the slices tile B(t)
+    assert during > before                                 # the tenant arrived: larger B
+    assert after < during                                  # it left: back down
+    # the slow workers get less than the fast ones while they are slow
+    t, B, sizes = history[24]
+    assert sizes[0] > sizes[2] and sizes[1] > sizes[3]
+    rows = finished_records(c)
+    assert {r["global_batch"] for r in rows} == {B for _, B, _ in history}
+    assert all(r["deadline_s"] == 12.0 for r in rows)
+
+
+from test_coordinator import finished_records  # noqa: E402
+
+
+# ---- end to end: a real courier job, and one process replaying its B(t) ---------------------
+
+@pytest.mark.cluster
+def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameters(tmp_path):
+    import subprocess
+
+    import mxnet as mx
+
+    from conftest import PY, ROOT, run_mxlbbsp
+    from test_cluster import relative_difference
+
+    record = ROOT / "tests" / "scripts" / "record_batches.py"
+    N, B0, epochs = 600, 50, 2                # B0 = 50 is not a candidate: B(t) must change
+    job, single = tmp_path / "job", tmp_path / "single"
+    job.mkdir()
+    single.mkdir()
+    with open(tmp_path / "tenant.csv", "w") as fh:     # worker 1 slows down 4x mid-run
+        fh.write("iteration,rank,slowdown\n0,0,1\n0,1,1\n0,2,1\n8,1,4\n")
+    r = run_mxlbbsp("launch", "-n", 3, "--sync", "courier", "--deadline", "20s",
+                    "--batch-range", "24:300", "--epochs", epochs, "--lr-scaling", "sqrt",
+                    "--emulate-compute", 1, "--emulate-slowdown", tmp_path / "tenant.csv",
+                    "--metrics", tmp_path / "m.jsonl", "--progress", 0,
+                    "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
+    assert r.rc == 0, r.output
+    recs = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
+    totals = {}
+    for rec in recs:
+        totals.setdefault(rec["iteration"], []).append(rec["batch_size"])
+    schedule = [sum(totals[t]) for t in sorted(totals)]
+    assert schedule == [next(x["global_batch"] for x in recs if x["iteration"] == t)
+                        for t in sorted(totals)]
+    assert len(set(schedule)) > 1                       # the coordinator chose B(t)
+    assert sum(schedule) == N * epochs                  # every sample of both epochs ...
+    ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
+    union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
+    cursor, epoch_seen = 0, []
+    for batch in union:                                 # ... used once per epoch
+        epoch_seen.extend(batch)
+        cursor += len(batch)
+        if cursor == N:
+            assert sorted(epoch_seen) == list(range(N))
+            cursor, epoch_seen = 0, []
+    assert cursor == 0
+    # one process replaying the recorded B(t), with the same learning-rate rule
+    env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"),
+               MXLBBSP_LR_SCALING="sqrt")
+    subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
+                    "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
+    replay = json.load(open(single / "single.json"))["batches"]
+    assert [sorted(b) for b in replay] == union         # exactly the same batches
+    dist = mx.nd.load(str(job / "rank0.params"))
+    one = mx.nd.load(str(single / "single.params"))
+    assert relative_difference(dist, one) <= 1e-4
