@@ -444,6 +444,7 @@ class Coordinator:
             "iteration_s": done.get("iteration_s"),
             "fallbacks": int(self._predictor.fallbacks[rank]),
             "global_batch": report.get("global_batch"),
+            "lr_factor": report.get("lr_factor", 1.0),
             **self._policy.record_fields(t),
         }
 

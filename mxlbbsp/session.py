@@ -332,6 +332,9 @@ class Session:
             msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                            self.next_global_batch())
             msg["global_batch"] = self.batch_global
+            lr = self.lr_factor()
+            if lr != 1.0:
+                msg["lr_factor"] = lr
             self._send(msg)
 
     def before_push(self) -> None:

@@ -247,6 +247,7 @@ def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinat
     assert c.failure is None
     for t, B, sizes in history:
         assert sum(sizes) == B and min(sizes) >= 1         # the slices tile B(t)
+        assert B == 64 or 32 <= B <= 1024                  # B0, then within the range
     assert during > before                                 # the tenant arrived: larger B
     assert after < during                                  # it left: back down
     # the slow workers get less than the fast ones while they are slow

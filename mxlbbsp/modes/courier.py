@@ -63,6 +63,7 @@ class CourierPolicy(LBBSPPolicy):
         self.totals = {}                 # iteration -> B(t) as sent
         self.sync_s: Optional[float] = None
         self.predicted_finish: dict = {}  # iteration -> predicted seconds from the start
+        self.elapsed: dict = {}           # iteration -> seconds from the start when planned
         self._warned = False
 
     # ---- registration -----------------------------------------------------------------
@@ -101,13 +102,16 @@ class CourierPolicy(LBBSPPolicy):
             del self.totals[old]
 
     def warmup(self, t, next_B, current):
-        B = self._cap(int(current.sum()), next_B)
+        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
         sizes = _bal.rescale(current, B)
         self.coordinator._send_allocation(t + 1, sizes)
         self._decided(t, sizes)
         return sizes
 
     def plan(self, t, model, next_B, current):
+        # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
+        # epoch): the split in force is the coordinator's.
+        current = self.coordinator._sizes
         elapsed = time.monotonic() - self.started
         time_left = self.deadline_s - elapsed
         done = self.trained + self.totals.get(t, 0)
@@ -117,7 +121,7 @@ class CourierPolicy(LBBSPPolicy):
         work = _courier.Work(min(in_epoch, remaining), N, max(remaining - in_epoch, 0) / N)
         if self.sync_s is None:
             # no push/pull measured yet: nothing to plan with; keep the batch
-            B = int(current.sum()) if current is not None else self.totals.get(t, self.lo)
+            B = self.totals.get(t, self.lo)
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
                                     self.coordinator._balancer.max_batch)
@@ -138,6 +142,10 @@ class CourierPolicy(LBBSPPolicy):
         self._decided(t, sizes)
         finish = self.planner.predicted_finish(self.planner.current)
         self.predicted_finish[t + 1] = elapsed + finish if math.isfinite(finish) else None
+        self.elapsed[t + 1] = elapsed
+        for old in [k for k in self.elapsed if k < t - 64]:
+            self.elapsed.pop(old, None)
+            self.predicted_finish.pop(old, None)
         return sizes
 
     def on_done(self, rank, msg):
@@ -150,7 +158,7 @@ class CourierPolicy(LBBSPPolicy):
         """Courier's columns of the metrics record of iteration t."""
         return {"deadline_s": self.deadline_s,
                 "predicted_finish_s": self.predicted_finish.get(t),
-                "batch_range": [self.lo, self.hi]}
+                "elapsed_s": self.elapsed.get(t), "batch_range": [self.lo, self.hi]}
 
 
 @register
