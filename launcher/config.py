@@ -191,6 +191,9 @@ class LaunchConfig:
             self.slowdown = parse_slowdown(self.emulate_slowdown, num_workers)
         except SlowdownError as exc:
             raise ConfigError(str(exc)) from None
+        if self.predictor == "oracle" and any(s.timed for s in self.slowdown):
+            raise ConfigError("--predictor oracle reads the slowdown ahead by iteration; give "
+                              "a trace with an iteration column, not time_s")
 
     def check_command_locally(self) -> None:
         """The command must exist here when the workers run here."""

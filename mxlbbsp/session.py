@@ -177,6 +177,7 @@ class Session:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
         self._initial = _bal.slice_of(welcome["allocation"], self.rank)
+        self.slowdown.start()          # a timed slowdown trace counts from the registration
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
 
     def _read(self) -> Optional[dict]:
