@@ -314,3 +314,24 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
     dist = mx.nd.load(str(job / "rank0.params"))
     one = mx.nd.load(str(single / "single.params"))
     assert relative_difference(dist, one) <= 1e-4
+
+
+def test_report_plots_the_plan_of_a_courier_run(tmp_path):
+    from mxlbbsp.report import write_report
+    path = tmp_path / "courier.jsonl"
+    with open(path, "w") as fh:
+        for t in range(30):
+            B = 64 if t < 10 else 128
+            for rank in range(2):
+                fh.write(json.dumps({
+                    "iteration": t, "rank": rank, "batch_size": B // 2, "compute_s": 0.01,
+                    "wait_s": 0.001, "sync_s": 0.001, "iteration_s": 0.011, "speed": B / 0.02,
+                    "predicted_speed": None, "cpu_percent": 50.0, "mem_percent": 10.0,
+                    "sync": "courier", "predictor": "last", "time": 1.0 + t,
+                    "global_batch": B, "lr_factor": B / 64, "deadline_s": 60.0,
+                    "predicted_finish_s": 50.0 + t / 10, "elapsed_s": 5.0 + t,
+                    "batch_range": [32, 512]}) + "\n")
+    index = write_report([str(path)], str(tmp_path / "out"))
+    assert (tmp_path / "out" / "run-plan.png").stat().st_size > 10000
+    html = open(index).read()
+    assert "run-plan.png" in html and "deadline" in html
