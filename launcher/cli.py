@@ -84,6 +84,17 @@ def cli(verbose):
 @click.option("--r2sp-tuning", type=click.Choice(R2SP_TUNINGS),
               help="r2sp: per-worker batch tuning: paper (b += blocked time x speed), "
                    "balancer (LB-BSP's split), none (equal) (default paper).")
+@click.option("--deadline", metavar="DURATION",
+              help="courier: the time budget of --epochs epochs, with a unit (90s, 15m, "
+                   "1h30m). The coordinator re-chooses the global batch as the job runs: the "
+                   "smallest in --batch-range predicted to meet it.")
+@click.option("--batch-range", metavar="MIN:MAX",
+              help="courier: the global batch sizes to choose from (default 64:1024).")
+@click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none"]),
+              help="courier: the learning rate follows B(t)/B0 (B0: the DataLoader's "
+                   "global_batch_size): linear (default, Goyal et al.), sqrt, none.")
+@click.option("--epochs", type=float, metavar="E",
+              help="courier: how many epochs of the data set --deadline covers.")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (a small "
                    "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
@@ -134,7 +145,8 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, predictor, time_model, threshold,
+def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
+           batch_range, lr_scaling, epochs, predictor, time_model, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
@@ -148,7 +160,8 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
-        dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning)
+        dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
+        deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs)
     return Job(config).run()
 
 
@@ -162,6 +175,11 @@ cli.add_command(_trace_cmd)
 from .cli_report import report  # noqa: E402
 
 cli.add_command(report)
+
+# ---- plan (issue 13): registered below this line -----------------------------------------
+from .cli_plan import plan as _plan  # noqa: E402
+
+cli.add_command(_plan)
 
 
 def _fail(command: Optional[str], message: str, code: int) -> int:

@@ -189,6 +189,10 @@ class LaunchConfig:
     dry_run: bool = False
     r2sp_gap_ratio: Optional[float] = None    # None: the mode's default (0.8)
     r2sp_tuning: Optional[str] = None         # None: the mode's default
+    deadline: Optional[str] = None            # courier: the time budget, e.g. "15m"
+    batch_range: Optional[str] = None         # courier: "MIN:MAX" global batch sizes
+    lr_scaling: Optional[str] = None          # courier: linear | sqrt | none
+    epochs: Optional[float] = None            # courier: epochs the deadline covers
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -209,6 +213,13 @@ class LaunchConfig:
         if self.sync != "r2sp" and (self.r2sp_gap_ratio, self.r2sp_tuning) != (None, None):
             raise ConfigError(f"--r2sp-gap-ratio and --r2sp-tuning are options of --sync r2sp, "
                               f"not of --sync {self.sync}; drop them or use --sync r2sp")
+        courier_given = [name for name, value in (
+            ("--deadline", self.deadline), ("--batch-range", self.batch_range),
+            ("--lr-scaling", self.lr_scaling), ("--epochs", self.epochs)) if value is not None]
+        if self.sync != "courier" and courier_given:
+            raise ConfigError(f"{', '.join(courier_given)}: only --sync courier chooses the "
+                              f"global batch; --sync {self.sync} trains with the fixed batch "
+                              "of the DataLoader. Drop them or use --sync courier")
         problem = modes.get(self.sync).check_options(self.sync_options)
         if problem:
             raise ConfigError(problem)
@@ -258,6 +269,8 @@ class LaunchConfig:
                 raise ConfigError(f"--bind {self.bind} is not an address of --ps-interface "
                                   f"{self.ps_interface} ({', '.join(addresses)}); drop --bind "
                                   "(the interface's address is the default) or give one of those")
+        if self.sync == "courier" and self.num_workers is not None:
+            self.check_batch_range(self.num_workers)
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
 
@@ -266,7 +279,18 @@ class LaunchConfig:
         """The options of the sync mode (for its coordinator policy); None: its default."""
         if self.sync == "r2sp":
             return {"gap_ratio": self.r2sp_gap_ratio, "tuning": self.r2sp_tuning}
+        if self.sync == "courier":
+            return {"deadline": self.deadline, "batch_range": self.batch_range,
+                    "lr_scaling": self.lr_scaling, "epochs": self.epochs}
         return {}
+
+    def check_batch_range(self, num_workers: int) -> None:
+        """courier: the smallest global batch must give every worker a sample."""
+        from mxlbbsp import courier
+        try:
+            courier.parse_batch_range(self.batch_range or "64:1024", num_workers)
+        except courier.PlanError as exc:
+            raise ConfigError(str(exc)) from None
 
     def resolve_slowdown(self, num_workers: int) -> None:
         """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""
@@ -277,6 +301,9 @@ class LaunchConfig:
             self.slowdown = parse_slowdown(self.emulate_slowdown, num_workers)
         except SlowdownError as exc:
             raise ConfigError(str(exc)) from None
+        if self.predictor == "oracle" and any(s.timed for s in self.slowdown):
+            raise ConfigError("--predictor oracle reads the slowdown ahead by iteration; give "
+                              "a trace with an iteration column, not time_s")
 
     def check_command_locally(self) -> None:
         """The command must exist here when the workers run here."""

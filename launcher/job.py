@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from mxlbbsp import _env
+from mxlbbsp import _env, modes
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
 from . import ssh
@@ -115,6 +115,8 @@ class Job:
             self.hosts = [dataclasses.replace(LOCAL, slots=n)]
         config.num_workers = n
         config.resolve_slowdown(n)
+        if config.sync == "courier":
+            config.check_batch_range(n)
         self.placement: Placement = place(self.hosts, n, config.num_servers)
         self.token = secrets.token_hex(16)
         self.bind = config.bind or ("127.0.0.1" if not self.remote else None)
@@ -212,7 +214,9 @@ class Job:
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0))
-            self.workers.append(self._role("worker", r, host, list(cfg.command), env, boot=True))
+            env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
+            self.workers.append(self._role("worker", r, host, list(cfg.command), env,
+                                           boot=True))
 
     # ---- dry run --------------------------------------------------------------------------
 

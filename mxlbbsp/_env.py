@@ -33,6 +33,10 @@ MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecu
                        which reads it itself: it imports nothing of mxlbbsp)
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
                        of the automatic stall limit (default 300,120)
+MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier):
+                       linear | sqrt | none (default linear)
+MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes a single process replays
+                       (mxlbbsp.DataLoader's batch_schedule); absent: none
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -62,6 +66,9 @@ STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
 DEFAULT_STALL_FLOORS = (300.0, 120.0)
 
+LR_SCALING = "MXLBBSP_LR_SCALING"
+BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
+
 #: every variable the launcher writes for the job itself (ps_env, worker_env): `--env` may
 #: not override them. Each maps to the launcher option that sets it (None: none, it is the
 #: job's own).
@@ -70,6 +77,7 @@ RESERVED = {
     NUM_WORKER: "-n/--num-workers", NODE_HOST: "--bind", INTERFACE: "--ps-interface",
     COORDINATOR: "--bind", TOKEN: None, SYNC: "--sync", RANK: None, HOST: None,
     SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
+    LR_SCALING: "--lr-scaling",
 }
 
 
@@ -185,6 +193,18 @@ def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]
     if not (0 < startup < float("inf") and 0 < running < float("inf")):
         raise EnvError(f"{STALL_FLOORS}={raw!r}: expected STARTUP,RUNNING seconds > 0")
     return startup, running
+def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
+    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.courier.LR_SCALING`."""
+    from .courier import LR_SCALING as rules
+    rule = _get(env, LR_SCALING) or "linear"
+    if rule not in rules:
+        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(rules)}")
+    return rule
+
+
+def batch_schedule(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_BATCH_SCHEDULE: a metrics file to replay the global batches of, or None."""
+    return _get(env, BATCH_SCHEDULE)
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,

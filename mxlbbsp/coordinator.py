@@ -535,6 +535,9 @@ class Coordinator:
             "wait_s": done.get("wait_s"), "sync_s": done.get("sync_s"),
             "iteration_s": done.get("iteration_s"),
             "fallbacks": int(self._predictor.fallbacks[rank]),
+            "global_batch": report.get("global_batch"),
+            "lr_factor": report.get("lr_factor", 1.0),
+            **self._policy.record_fields(t),
         }
 
     def _flush_records(self, final: bool = False) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from mxnet import context, gluon
 from mxnet.gluon.data import dataloader as _gdl
 
+from . import _env
 from . import balancer as _bal
 from . import session as _session
 
@@ -46,14 +47,23 @@ class DataLoader:
         As in ``gluon.data.DataLoader``.
     max_batch_size : int, optional
         The most samples this worker can take in one iteration (e.g. its memory limit).
+    batch_schedule : sequence of int, optional
+        Replay, in a single process, the global batch sizes B(0), B(1), ... of a job whose
+        coordinator chose them (``--sync courier``): each global batch is cut from the
+        epoch's permutation right after the previous one, exactly as that job cut them.
+        ``mxlbbsp.courier.schedule_from_metrics(path)`` reads them from its metrics. Also
+        read from ``MXLBBSP_BATCH_SCHEDULE`` (a metrics file) when not given.
 
     Outside a job started by ``mxlbbsp launch``, every batch is the whole global batch.
+    In a sync mode whose coordinator sets the global batch (``courier``), global batch t has
+    the size B(t) the coordinator sends, cut right after batch t-1; every sample is still
+    used once per epoch, and the number of iterations of an epoch is known only as it runs.
     """
 
     def __init__(self, dataset, global_batch_size: int, shuffle: bool = False, seed: int = 0,
                  last_batch: str = "keep", batchify_fn=None, num_workers: int = 0,
                  thread_pool: bool = False, timeout: float = 120,
-                 max_batch_size: Optional[int] = None):
+                 max_batch_size: Optional[int] = None, batch_schedule=None):
         if not isinstance(global_batch_size, (int, np.integer)) or global_batch_size < 1:
             raise ValueError(f"global_batch_size must be a positive integer, got "
                              f"{global_batch_size!r}")
@@ -61,6 +71,16 @@ class DataLoader:
             raise ValueError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if batch_schedule is None:
+            batch_schedule = _env.batch_schedule()
+        if isinstance(batch_schedule, str):
+            from .courier import schedule_from_metrics
+            batch_schedule = schedule_from_metrics(batch_schedule)
+        if batch_schedule is not None:
+            batch_schedule = [int(b) for b in batch_schedule]
+            if not batch_schedule or min(batch_schedule) < 1:
+                raise ValueError("batch_schedule must be a non-empty list of positive sizes")
+        self._schedule = batch_schedule
         self._dataset = dataset
         self._size = len(dataset)
         if self._size == 0:
@@ -101,6 +121,10 @@ class DataLoader:
         return batches
 
     def __len__(self) -> int:
+        sess = _session.current()
+        if self._schedule is not None or (sess is not None and sess.sets_batch):
+            raise TypeError("the number of iterations of an epoch is not fixed: the "
+                            "coordinator chooses each global batch (--sync courier)")
         return len(self._global_batches())
 
     @property
@@ -120,6 +144,10 @@ class DataLoader:
         if self._pool is not None and not self._listening:
             sess.on_allocation(self._on_allocation)
             self._listening = True
+        if sess.sets_batch or self._schedule is not None:
+            sess.replaying = self._schedule is not None and not sess.coordinated
+            yield from self._iter_following(sess)
+            return
         order = self._order(self._epoch)
         batches = self._global_batches()
         first_next_epoch = min(self.global_batch_size, self._size)
@@ -137,6 +165,38 @@ class DataLoader:
             yield self._collect(t, indices)
         with self._lock:
             self._expect = None
+
+    def _iter_following(self, sess):
+        """One epoch whose global batches B(t) are chosen as it runs (by the coordinator, or
+        by ``batch_schedule``), cut one after another from the epoch's permutation."""
+        order = self._order(self._epoch)
+        self._epoch += 1
+        N, cursor = self._size, 0
+        while cursor < N:
+            size = None
+            if self._schedule is not None and not sess.coordinated:
+                t = sess.iteration + 1
+                if t >= len(self._schedule):
+                    raise ValueError(f"batch_schedule has {len(self._schedule)} sizes; "
+                                     f"iteration {t} needs one more")
+                size = self._schedule[t]
+                if size > N - cursor:
+                    raise ValueError(f"batch_schedule[{t}] = {size} runs past the end of the "
+                                     f"epoch ({N - cursor} samples left)")
+            t, offset, local = sess.next_iteration(size)
+            total = sess.batch_global
+            if total > N - cursor:
+                raise RuntimeError(f"global batch {total} of iteration {t} runs past the end "
+                                   f"of the epoch ({N - cursor} samples left)")
+            rest = N - cursor - total
+            # the most the next global batch may take: the rest of the epoch, or a new epoch
+            sess.next_global_batch = lambda rest=rest: rest if rest > 0 else N
+            indices = order[cursor + offset:cursor + offset + local]
+            cursor += total
+            if self._pool is None:
+                yield self._batchify([self._dataset[int(i)] for i in indices])
+            else:
+                yield self._collect(t, indices)
 
     def _arm(self, sess, t_next: int, order, batch) -> None:
         """Prefetch global batch ``batch`` at ``t_next`` as soon as its split is known."""

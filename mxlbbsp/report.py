@@ -482,6 +482,62 @@ def plot_batch(run: Run, path: str) -> str:
         return _save(fig, path)
 
 
+def _has_plan(run: Run) -> bool:
+    """A run whose coordinator chose the global batch for a deadline (``--sync courier``)."""
+    return any(_is_num(r.get("deadline_s")) for r in run.records)
+
+
+def plot_plan(run: Run, path: str) -> str:
+    """Courier: the global batch B(t) it chose, the predicted finish against the deadline,
+    and the learning-rate factor that followed B(t)."""
+    matplotlib, _, _ = _mpl()
+    first = {}
+    for r in run.records:
+        first.setdefault(int(r["iteration"]), r)
+    its = np.array(sorted(first))
+    rec = [first[t] for t in its]
+    B = np.array([_float(r.get("global_batch")) for r in rec])
+    finish = np.array([_float(r.get("predicted_finish_s")) for r in rec])
+    elapsed = np.array([_float(r.get("elapsed_s")) for r in rec])
+    lr = np.array([_float(r.get("lr_factor", 1.0)) for r in rec])
+    deadline = next(_float(r["deadline_s"]) for r in rec if _is_num(r.get("deadline_s")))
+    lo_hi = next((r.get("batch_range") for r in rec if r.get("batch_range")), None)
+    with matplotlib.rc_context(_STYLE):
+        fig = _figure(11, 7.2)
+        ax, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 2.2, 1.2])
+        ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
+        if lo_hi:
+            for y in lo_hi:
+                ax.axhline(y, color="#999999", lw=0.8, ls=":")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("global batch (samples)")
+        ax.set_title("Global batch chosen by the coordinator", loc="left")
+        if lo_hi:
+            ax.set_title(f"--batch-range {lo_hi[0]}:{lo_hi[1]} (dotted)", loc="right",
+                         fontsize=8.5, fontweight="normal", color="#555555")
+        ok = np.isfinite(finish)
+        ax2.plot(its[ok], finish[ok], lw=1.6, color="#d62728",
+                 label="predicted finish (s from launch)")
+        ok = np.isfinite(elapsed)
+        ax2.plot(its[ok], elapsed[ok], lw=1.2, color="#555555", ls="--",
+                 label="time elapsed (s from launch)")
+        ax2.axhline(deadline, color="black", lw=1.2, label=f"deadline ({deadline:g} s)")
+        top = _robust_top(ax2, np.concatenate([finish[np.isfinite(finish)], [deadline]]))
+        ax2.set_ylim(0, max(top or 0, deadline * 1.15))
+        ax2.set_ylabel("seconds")
+        ax2.set_title("Predicted finish of the remaining work against the deadline", loc="left")
+        ax2.legend(loc="lower right", fontsize=8)
+        ax3.plot(its, lr, drawstyle="steps-mid", lw=1.4, color="#2ca02c")
+        ax3.set_ylim(bottom=0)
+        ax3.set_ylabel("lr factor")
+        ax3.set_title("Learning rate / base learning rate (--lr-scaling of B(t) / B0)",
+                      loc="left", fontsize=9.5)
+        ax3.set_xlabel(_xlabel(run))
+        _int_xaxis(ax3)
+        fig.suptitle(_title_of(run))
+        return _save(fig, path)
+
+
 def plot_time(run: Run, path: str) -> str:
     """Compute and wait time per iteration (two panels) and the per-worker mean split."""
     matplotlib, _, _ = _mpl()
@@ -834,8 +890,11 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
                 "Right: each worker's mean iteration split into computing and waiting; "
                 "balanced training makes the bars equally long, with little waiting.",
         "speed": speed,
+        "plan": "Courier: the global batch B(t) the coordinator chose (top), its prediction "
+                "of when the remaining work ends at that batch, against the deadline "
+                "(middle), and the learning-rate factor that followed B(t) (bottom).",
     }
-    for kind in ("batch", "time", "speed"):
+    for kind in ("plan", "batch", "time", "speed"):
         if kind in images:
             src = html.escape(images[kind])
             out.append(f'<figure><img src="{src}" alt="{kind} plot of {html.escape(run.label)}">'
@@ -938,7 +997,10 @@ def _write(runs: Sequence[Run], out_dir: str) -> str:
             prefix = f"{prefix}-{i + 1}"
         used.add(prefix)
         imgs = {}
-        for kind, plot in (("batch", plot_batch), ("time", plot_time), ("speed", plot_speed)):
+        plots = [("batch", plot_batch), ("time", plot_time), ("speed", plot_speed)]
+        if _has_plan(run):
+            plots.insert(0, ("plan", plot_plan))
+        for kind, plot in plots:
             name = f"{prefix}-{kind}.png"
             plot(run, os.path.join(out_dir, name))
             imgs[kind] = name

@@ -107,6 +107,11 @@ class Session:
         except _env.EnvError as exc:
             raise _env.refuse(exc) from None
         self.mode = _modes.get(self.sync)
+        #: the coordinator chooses each global batch B(t) (a mode like courier)
+        self.sets_batch = bool(getattr(self.mode, "sets_batch", False))
+        #: a single process replays recorded global batch sizes (DataLoader batch_schedule)
+        self.replaying = False
+        self.lr_scaling = _env.lr_scaling(env)
         self.host = _env.host(env)
         self.slowdown = Schedule.decode(_env.slowdown(env))
         self.sample_cost = _env.sample_cost(env)
@@ -173,6 +178,7 @@ class Session:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
         self._initial = _bal.slice_of(welcome["allocation"], self.rank)
+        self.slowdown.start()          # a timed slowdown trace counts from the registration
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
 
     def _read(self) -> Optional[dict]:
@@ -265,21 +271,36 @@ class Session:
                 del self._alloc[old]
         return piece
 
-    def next_iteration(self, global_batch: int) -> tuple:
+    def next_iteration(self, global_batch: Optional[int]) -> tuple:
         """Start the next iteration: returns (iteration, offset, local batch size).
 
         ``offset`` is where this worker's slice starts inside the global batch.
+        ``global_batch=None``: the coordinator chooses it (:attr:`sets_batch`); it is then
+        :attr:`batch_global`.
         """
         t = self.iteration + 1
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
-        piece = self.slice(t, global_batch)
+        if global_batch is None:
+            piece = self._initial if t == 0 else self._wait_allocation(t, True)
+            global_batch = piece.total
+        else:
+            piece = self.slice(t, global_batch)
         self._alloc_wait = time.perf_counter() - start
         self.iteration = t
         self.batch_global = int(global_batch)
         self.batch_local = piece.size
         return t, piece.offset, piece.size
+
+    def lr_factor(self) -> float:
+        """How much the learning rate of this iteration is scaled: 1, unless the global
+        batch is chosen as the job runs (``--lr-scaling`` rule of B(t) / B0, B0 the
+        DataLoader's global_batch_size)."""
+        if not (self.sets_batch or self.replaying) or self.batch_global <= 0:
+            return 1.0
+        from .courier import LR_SCALING
+        return float(LR_SCALING[self.lr_scaling](self.batch_global / self.global_batch_size))
 
     # ---- measurements -------------------------------------------------------------------
 
@@ -310,8 +331,13 @@ class Session:
         self._t_ready = time.perf_counter()
         if self.coordinated:
             cpu, mem = _host_load()
-            self._send(P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
-                                self.next_global_batch()))
+            msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
+                           self.next_global_batch())
+            msg["global_batch"] = self.batch_global
+            lr = self.lr_factor()
+            if lr != 1.0:
+                msg["lr_factor"] = lr
+            self._send(msg)
         self.reported = self.iteration
 
     def before_push(self) -> None:

@@ -71,6 +71,10 @@ class Trainer(gluon.Trainer):
         """
         sess = _session.current()
         norm, nominal = self._normalisers(batch_size)
+        # A global batch chosen as the job runs (courier) brings its learning rate along
+        # (--lr-scaling): folded into the gradient's scale, on the workers and in a replay
+        # alike. With weight decay, the decay term keeps the base learning rate.
+        norm /= sess.lr_factor() if sess is not None and batch_size is None else 1.0
         if sess is not None:
             nd.waitall()
             sess.gradients_ready()

@@ -44,3 +44,26 @@ def test_wrong_length_and_bad_values():
         parse("/no/such/trace.csv", 2)
     with pytest.raises(SlowdownError, match="MXLBBSP_SLOWDOWN"):
         Schedule.decode("0:1,x:3")
+
+
+def test_timed_trace_counts_seconds_from_the_start(tmp_path):
+    import time
+
+    from mxlbbsp.slowdown import Schedule, parse
+    path = tmp_path / "tenant.csv"
+    path.write_text("time_s,rank,slowdown\n0,0,1\n0.5,1,3\n30,1,1\n")
+    s0, s1 = parse(str(path), 2)
+    assert s1.timed and s1.encode() == "@0.5:3,@30:1"
+    worker = Schedule.decode(s1.encode())       # what the worker gets in MXLBBSP_SLOWDOWN
+    worker.start()
+    assert worker.factor(1000) == 1.0           # the iteration does not matter, the time does
+    time.sleep(0.6)
+    assert worker.factor(0) == 3.0
+
+
+def test_timed_and_iteration_points_do_not_mix():
+    import pytest
+
+    from mxlbbsp.slowdown import Schedule, SlowdownError
+    with pytest.raises(SlowdownError):
+        Schedule.decode("@1:3,5:1")

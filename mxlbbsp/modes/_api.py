@@ -85,6 +85,10 @@ class CoordinatorPolicy:
     def on_bye(self, rank: int) -> None:
         """Worker ``rank`` ended its training loop."""
 
+    def record_fields(self, t: int) -> dict:
+        """Extra fields of the mode for the metrics records of iteration ``t``."""
+        return {}
+
 
 class SyncMode(abc.ABC):
     """One sync mode: its names, its worker side and its coordinator policy class."""
@@ -100,6 +104,8 @@ class SyncMode(abc.ABC):
     #: the predictor's forecasts drive the split (report: else they are only recorded)
     uses_predictor: ClassVar[bool] = False
     policy: ClassVar[Type[CoordinatorPolicy]] = CoordinatorPolicy
+    #: the coordinator chooses the global batch B(t) (the workers follow ``total``)
+    sets_batch: ClassVar[bool] = False
 
     @property
     def follows_allocations(self) -> bool:
@@ -113,6 +119,10 @@ class SyncMode(abc.ABC):
     def normalisers(self, sess: "Session") -> Tuple[float, float]:
         """(N(t), N0): synchronous modes normalise by the global batch B(t)."""
         return float(sess.batch_global), float(sess.global_batch_size)
+
+    def worker_env(self, options: dict) -> dict:
+        """Extra environment variables of the mode for every worker (from its options)."""
+        return {}
 
     def before_push(self, sess: "Session") -> None:
         """Called once the gradients are ready and reported, before the push."""

@@ -1,7 +1,9 @@
 """Train a tiny model on a data set whose labels are the sample indices, and record, per
 iteration, which samples this worker trained on: tests check the slicing rule with it.
 
-    record_batches.py OUT_DIR N B EPOCHS LOADER_WORKERS LAST_BATCH
+    record_batches.py OUT_DIR N B EPOCHS LOADER_WORKERS LAST_BATCH [MOMENTUM]
+
+Rank 0 (or the single process) also saves the trained parameters in OUT_DIR.
 """
 import json
 import os
@@ -22,7 +24,9 @@ net = gluon.nn.Dense(1)
 net.initialize()
 loader = mxlbbsp.DataLoader(dataset, global_batch_size=B, shuffle=True, seed=7,
                             last_batch=last_batch, num_workers=loader_workers)
-trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+momentum = float(sys.argv[7]) if len(sys.argv) > 7 else 0.0
+trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
+                                                        "momentum": momentum})
 seen = []
 for _ in range(epochs):
     for data, label in loader:
@@ -34,3 +38,5 @@ for _ in range(epochs):
 name = f"rank{mxlbbsp.rank()}" if mxlbbsp.num_workers() > 1 else "single"
 with open(os.path.join(out_dir, name + ".json"), "w") as fh:
     json.dump({"rank": mxlbbsp.rank(), "batches": seen}, fh)
+if mxlbbsp.rank() == 0:
+    net.save_parameters(os.path.join(out_dir, name + ".params"))

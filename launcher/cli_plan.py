@@ -1,0 +1,102 @@
+"""``mxlbbsp plan``: Courier's table from a profiling run — which global batch meets a deadline?"""
+from __future__ import annotations
+
+import json
+import math
+
+import click
+
+from .config import ConfigError
+
+PLAN_HELP = """Predict, for each global batch size, the iteration time and the time to
+finish E epochs on the cluster of a short profiling run.
+
+\b
+METRICS.jsonl is the --metrics log of that run (any sync mode, a few dozen
+iterations). Each worker's compute time is fitted as a + b/v (its fixed cost a
+and its speed v), the push/pull time is the median measured; the iteration
+time of a global batch B is then the LB-BSP makespan of B over those models
+plus the push/pull time, and E epochs take ceil(N/B) * E iterations.
+With --deadline it marks the batches that meet it and picks the smallest one
+(the best accuracy, as in Courier), or the fastest when none does.
+
+\b
+Examples:
+  mxlbbsp launch -n 4 --metrics prof.jsonl -- python train.py --iters 40
+  mxlbbsp plan prof.jsonl --samples 50000 --epochs 10 --batch-range 64:1024 --deadline 15m
+"""
+
+
+@click.command("plan", help=PLAN_HELP, context_settings={"help_option_names": ["-h", "--help"],
+                                                        "max_content_width": 100})
+@click.argument("metrics_path", metavar="METRICS.jsonl")
+@click.option("--samples", "-N", type=int, required=True, metavar="N",
+              help="Samples in one epoch (the training set's size).")
+@click.option("--epochs", "-E", type=float, default=1.0, show_default=True, metavar="E",
+              help="Epochs still to train.")
+@click.option("--batch-range", default="64:1024", show_default=True, metavar="MIN:MAX",
+              help="Global batch sizes to consider.")
+@click.option("--deadline", metavar="DURATION",
+              help="Time budget for the E epochs, with a unit: 90s, 15m, 1h30m.")
+@click.option("--skip", type=int, default=1, show_default=True, metavar="N",
+              help="Leave out iterations below N (warm-up).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
+    from mxlbbsp import courier, metrics
+
+    if samples < 1:
+        raise ConfigError(f"--samples {samples}: must be >= 1 (the training set's size)")
+    if not (math.isfinite(epochs) and epochs > 0):
+        raise ConfigError(f"--epochs {epochs}: must be a positive number")
+    if skip < 0:
+        raise ConfigError(f"--skip {skip}: must be >= 0")
+    try:
+        deadline_s = None if deadline is None else courier.parse_duration(deadline)
+        records = metrics.load(metrics_path)
+        ranks, model, sync_s = courier.fit_time_models(records, skip=skip)
+        lo, hi = courier.parse_batch_range(batch_range, len(ranks))
+    except metrics.MetricsError as exc:
+        raise ConfigError(f"{exc}; {metrics.HINT}") from None
+    except courier.PlanError as exc:
+        raise ConfigError(str(exc)) from None
+    work = courier.Work(0, samples, epochs)
+    rows = courier.plan(model, sync_s, work, courier.candidates(lo, hi), deadline_s)
+    pick, meets = courier.choose(rows)
+    if as_json:
+        click.echo(json.dumps({
+            "workers": len(ranks), "speed": [float(v) for v in model.speed],
+            "fixed_s": [float(a) for a in model.intercept], "sync_s": sync_s,
+            "deadline_s": deadline_s, "choice": pick, "meets_deadline": meets,
+            "rows": [{"batch": r.batch, "iteration_s": _finite(r.iteration_s),
+                      "finish_s": _finite(r.finish_s), "meets": r.meets} for r in rows]}))
+        return 0
+    lines = [f"{metrics_path}: {len(ranks)} worker(s); speeds (samples/s) "
+             + ", ".join(f"{v:.0f}" for v in model.speed)
+             + "; fixed cost per iteration (ms) "
+             + ", ".join(f"{1e3 * a:.1f}" for a in model.intercept)
+             + f"; push/pull {1e3 * sync_s:.1f} ms",
+             f"{epochs:g} epoch(s) of {samples} samples"
+             + (f", deadline {courier.format_duration(deadline_s)}" if deadline_s else ""), "",
+             f"{'batch':>7}{'iteration':>12}{'samples/s':>12}{'time':>12}"
+             + ("  meets" if deadline_s else "")]
+    for r in rows:
+        rate = r.batch / r.iteration_s if r.iteration_s > 0 else math.inf
+        mark = "  <- choice" if r.batch == pick else ""
+        lines.append(f"{r.batch:>7}{1e3 * r.iteration_s:>10.1f}ms{rate:>12.0f}"
+                     f"{courier.format_duration(r.finish_s):>12}"
+                     + (f"  {'yes' if r.meets else 'no':>5}" if deadline_s else "") + mark)
+    if deadline_s is not None:
+        lines.append("")
+        if meets:
+            lines.append(f"choice: B = {pick}, the smallest global batch that meets the "
+                         "deadline")
+        else:
+            lines.append(f"no batch in {lo}:{hi} meets the deadline; the fastest is B = {pick} "
+                         "(raise the maximum of --batch-range, add workers, or extend the "
+                         "deadline)")
+    click.echo("\n".join(lines))
+    return 0
+
+
+def _finite(x: float):
+    return x if math.isfinite(x) else None

@@ -1,0 +1,287 @@
+"""Courier's question, answered from our own time models: which global batch B meets a deadline?
+
+Courier (ICPE 2021) picks, once before a job starts, the smallest batch size whose predicted
+job time meets a latency SLO: a larger batch finishes a fixed number of epochs sooner (the
+per-iteration cost is amortised) but reaches a lower accuracy, so the smallest B that still
+meets the deadline is the best one. Its predictions come from regressions fitted offline.
+
+Here the prediction comes from the same per-worker time models that LB-BSP balances with::
+
+    iteration_s(B) = makespan(split of B over the workers' time models) + sync_s
+    finish_s(B)    = ceil(remaining_samples / B) * iteration_s(B)
+
+so it can be re-made while the job runs, whenever the workers' predicted speeds change.
+:class:`BatchPlanner` adds the hysteresis that keeps B from jittering with prediction noise.
+
+Pure numpy, no MXNet: used by the coordinator, by ``mxlbbsp plan`` and by tests.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import balancer as _bal
+
+#: how the learning rate follows the global batch: lr(B) = lr0 * factor(B / B0)
+LR_SCALING = {
+    "linear": lambda ratio: ratio,           # Goyal et al. 2017
+    "sqrt": lambda ratio: math.sqrt(ratio),  # Krizhevsky 2014; Hoffer et al. 2017
+    "none": lambda ratio: 1.0,
+}
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])", re.IGNORECASE)
+
+
+class PlanError(ValueError):
+    """Bad input to planning (a deadline, a batch range): one line that says what to do."""
+
+
+def parse_duration(text: str, what: str = "--deadline") -> float:
+    """Seconds in ``text``: '90s', '15m', '1h30m', '2.5h'. A unit is required."""
+    raw = str(text).strip()
+    if raw.startswith("-"):
+        raise PlanError(f"{what} {text!r}: must be positive, e.g. {what} 15m")
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(raw):
+        if raw[pos:match.start()].strip():
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2).lower()]
+        pos = match.end()
+    if pos == 0 or raw[pos:].strip():
+        raise PlanError(f"{what} {text!r}: give a duration with a unit (s, m, h, d), e.g. "
+                        f"{what} 15m or {what} 1h30m")
+    if not math.isfinite(total) or total <= 0:
+        raise PlanError(f"{what} {text!r}: must be positive, e.g. {what} 15m")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "inf"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def parse_batch_range(text: str, num_workers: Optional[int] = None) -> tuple:
+    """(lo, hi) from 'LO:HI' with 1 <= LO <= HI (and LO >= the number of workers)."""
+    lo_s, sep, hi_s = str(text).partition(":")
+    try:
+        lo, hi = int(lo_s), int(hi_s)
+    except ValueError:
+        lo = hi = None
+    if not sep or lo is None:
+        raise PlanError(f"--batch-range {text!r}: expected MIN:MAX global batch sizes, e.g. "
+                        "--batch-range 64:1024")
+    if lo < 1 or hi < lo:
+        raise PlanError(f"--batch-range {text!r}: the range is empty or inverted; give "
+                        "1 <= MIN <= MAX, e.g. --batch-range 64:1024")
+    if num_workers is not None and lo < num_workers:
+        raise PlanError(f"--batch-range {text!r}: the minimum {lo} is below the number of "
+                        f"workers ({num_workers}); every worker needs at least one sample, so "
+                        f"use a minimum >= {num_workers}")
+    return lo, hi
+
+
+def candidates(lo: int, hi: int, per_octave: int = 4) -> np.ndarray:
+    """Global batch sizes to consider: a geometric grid from ``lo`` to ``hi`` (both in),
+    ``per_octave`` sizes per doubling (Courier's grid is {64, 128, 256, 512})."""
+    if hi <= lo:
+        return np.array([lo], dtype=np.int64)
+    steps = max(1, int(math.ceil(math.log2(hi / lo) * per_octave)))
+    grid = np.round(lo * (hi / lo) ** (np.arange(steps + 1) / steps)).astype(np.int64)
+    return np.unique(np.clip(grid, lo, hi))
+
+
+class Work(NamedTuple):
+    """What is left to train: the rest of this epoch, then ``epochs`` whole epochs (may be
+    fractional) of ``epoch_size`` samples. The last global batch of an epoch is short."""
+
+    in_epoch: int
+    epoch_size: int
+    epochs: float = 0.0
+
+    def iterations(self, batch: int) -> float:
+        per_epoch = math.ceil(self.epoch_size / batch)
+        return math.ceil(max(self.in_epoch, 0) / batch) + per_epoch * float(self.epochs)
+
+    @property
+    def samples(self) -> float:
+        return max(self.in_epoch, 0) + self.epoch_size * self.epochs
+
+
+class Row(NamedTuple):
+    """One candidate of the plan."""
+
+    batch: int
+    iteration_s: float      # predicted: LB-BSP makespan of the batch + push/pull
+    finish_s: float         # predicted time of the remaining work at this batch
+    meets: bool             # finish_s <= the time left (True when there is no deadline)
+
+
+def plan(model: _bal.TimeModel, sync_s: float, work: Work, batches: Sequence[int],
+         time_left: Optional[float] = None, max_batch=None) -> List[Row]:
+    """The predicted iteration and finish times of each candidate global batch.
+
+    ``model``: the workers' time models; ``sync_s``: the measured push/pull time of an
+    iteration; ``max_batch``: per-worker caps (None: none). A batch that cannot be split
+    within the caps gets an infinite time.
+    """
+    n = len(model.speed)
+    rows = []
+    for B in batches:
+        B = int(B)
+        try:
+            split = _bal.allocate(model, B, 1, max_batch)
+            it = _bal.makespan(model, split) + max(float(sync_s), 0.0)
+        except _bal.AllocationError:
+            it = math.inf
+        if B < n:
+            it = math.inf
+        finish = work.iterations(B) * it
+        rows.append(Row(B, it, finish, time_left is None or finish <= time_left))
+    return rows
+
+
+def choose(rows: Sequence[Row]) -> tuple:
+    """(batch, meets): the smallest batch that meets the deadline, else the fastest one."""
+    meeting = [r for r in rows if r.meets]
+    if meeting:
+        return min(meeting, key=lambda r: r.batch).batch, True
+    return min(rows, key=lambda r: (r.finish_s, -r.batch)).batch, False
+
+
+class BatchPlanner:
+    """Re-plans the global batch as the job runs, with hysteresis.
+
+    Every iteration it computes :func:`plan` for the remaining work and the time left, and:
+
+    * moves **up** at once to the smallest batch that meets the deadline when the current one
+      is predicted to miss it. A batch is chosen when it finishes within (1 - ``margin``) of
+      the time left and kept while it finishes within (1 - ``margin``/2): noise in the
+      predictions does not move B back and forth across one line;
+    * moves **down** only when, at each of the last ``every`` plans, a batch at least
+      ``min_step`` times smaller met the deadline with the whole margin, and then to the
+      largest of those (no jitter between neighbours, no dive on one optimistic forecast);
+    * when no batch meets the deadline, takes the fastest one and says so (``missing``).
+    """
+
+    def __init__(self, lo: int, hi: int, deadline_s: float, every: int = 5, margin: float = 0.1,
+                 min_step: float = 1.15, per_octave: int = 4):
+        if not 0 <= margin < 1:
+            raise ValueError("margin must be in [0, 1)")
+        self.lo, self.hi = int(lo), int(hi)
+        self.deadline_s = float(deadline_s)
+        self.every = max(1, int(every))
+        self.margin = float(margin)
+        self.min_step = float(min_step)
+        self.batches = candidates(self.lo, self.hi, per_octave)
+        self.current: Optional[int] = None
+        self.missing = False              # no candidate meets the deadline
+        self.last_rows: List[Row] = []
+        self._down: List[int] = []
+
+    def initial(self, model: _bal.TimeModel, sync_s: float, work: Work,
+                time_left: float, max_batch=None) -> int:
+        """The first batch (from a profile, or the smallest when nothing is known yet)."""
+        self.current = None
+        return self.update(model, sync_s, work, time_left, max_batch, force=True)
+
+    def update(self, model: _bal.TimeModel, sync_s: float, work: Work, time_left: float,
+               max_batch=None, force: bool = False) -> int:
+        """The global batch for the next iteration."""
+        time_left = max(time_left, 0.0)
+        rows = plan(model, sync_s, work, self.batches, time_left * (1.0 - self.margin),
+                    max_batch)
+        self.last_rows = rows
+        best, meets = choose(rows)
+        self.missing = not meets
+        cur = self.current
+        if cur is None or force:
+            self.current, self._down = best, []
+            return best
+        row = next((r for r in rows if r.batch == cur), None)
+        # Chosen with the whole margin, kept while it meets the deadline with half of it:
+        # prediction noise moves a batch across one line, not across the band between them.
+        keep = row is not None and row.finish_s <= time_left * (1.0 - self.margin / 2)
+        if not keep:
+            # Behind: move at once (to the smallest that meets it, or the fastest).
+            self.current, self._down = best, []
+            return best
+        # Ahead: a smaller batch only after it met the deadline at every one of the last
+        # `every` plans, and then the largest of those choices (the most cautious).
+        if meets and best * self.min_step <= cur:
+            self._down.append(best)
+        else:
+            self._down = []
+        if len(self._down) >= self.every:
+            self.current, self._down = max(self._down), []
+        return self.current
+
+    def predicted_finish(self, batch: Optional[int] = None) -> float:
+        """Predicted seconds to finish at ``batch`` (the current one by default)."""
+        batch = self.current if batch is None else batch
+        for r in self.last_rows:
+            if r.batch == batch:
+                return r.finish_s
+        return math.nan
+
+
+def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
+    """Per-worker time models and the push/pull time from a metrics log (a profiling run).
+
+    Returns (ranks, TimeModel, sync_s). Each worker's compute time is fitted as
+    a + b / v by least squares over its records when its batch sizes vary by 10% or more,
+    else as b / v (a = 0); ``sync_s`` is the median of the records' ``sync_s`` (0 when
+    none). The first ``skip`` iterations (graph building) are left out.
+    """
+    rows = {}
+    syncs = []
+    for rec in records:
+        if int(rec["iteration"]) < skip:
+            continue
+        b, c = rec.get("batch_size"), rec.get("compute_s")
+        if not (isinstance(b, (int, float)) and isinstance(c, (int, float)) and b > 0 and c > 0):
+            continue
+        rows.setdefault(int(rec["rank"]), []).append((float(b), float(c)))
+        s = rec.get("sync_s")
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
+            syncs.append(float(s))
+    if not rows:
+        raise PlanError(f"no usable records after iteration {skip - 1}: run the profiling job "
+                        "for more iterations")
+    ranks = sorted(rows)
+    speed, intercept = [], []
+    for r in ranks:
+        data = np.array(rows[r])
+        b, t = data[:, 0], data[:, 1]
+        a, v = 0.0, float(np.sum(b) / np.sum(t))
+        if len(b) >= 4 and np.std(b) / np.mean(b) >= 0.1:
+            slope, icpt = np.polyfit(b, t, 1)
+            if slope > 0 and 0 <= icpt < 0.8 * t.min():
+                a, v = float(icpt), float(1.0 / slope)
+        speed.append(v)
+        intercept.append(a)
+    model = _bal.TimeModel(np.array(speed), np.array(intercept))
+    return ranks, model, float(np.median(syncs)) if syncs else 0.0
+
+
+def schedule_from_metrics(path: str) -> List[int]:
+    """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
+    the workers' batches of each iteration), for a single process to replay them."""
+    from . import metrics as _metrics
+    totals = {}
+    for rec in _metrics.load(path):
+        t = int(rec["iteration"])
+        totals[t] = totals.get(t, 0) + int(rec["batch_size"])
+    if sorted(totals) != list(range(len(totals))):
+        raise PlanError(f"{path}: the iterations are not 0..{len(totals) - 1}; give the "
+                        "metrics file of one whole job")
+    return [totals[t] for t in range(len(totals))]

@@ -1,0 +1,197 @@
+"""``courier``: the coordinator chooses the global batch B(t) so that the job meets a deadline.
+
+Courier (ICPE 2021) picks the smallest batch whose predicted job time meets a latency SLO,
+once, before the job starts. Here the choice is re-made as the job runs (every few
+iterations, and at once when the current B is predicted to miss): for each candidate B in
+``--batch-range`` the time of the remaining work is::
+
+    ceil(samples left / B) * (LB-BSP makespan of B over the workers' predicted time models
+                              + the measured push/pull time)
+
+and the coordinator takes the smallest B that meets the time left (:mod:`mxlbbsp.courier`,
+with hysteresis), or the fastest when none does, and says so. Each B(t) is then split among
+the workers as LB-BSP does. The remaining work is ``--epochs`` epochs of the data set from
+the start of the job, less what has been trained.
+
+Worker side: the DataLoader cuts global batch t, of the size B(t) that ``total`` of the
+``alloc`` message carries, right after batch t-1 in the epoch's permutation (every sample
+once per epoch); the learning rate follows B(t) / B0 by ``--lr-scaling`` (B0: the
+DataLoader's ``global_batch_size``), and gradients are normalised by B(t) as in every
+synchronous mode. Before the first B is chosen (iteration 0, the warm-up), B0 clipped into
+the range is used.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Optional
+
+import numpy as np
+
+from .. import _env
+from .. import balancer as _bal
+from .. import courier as _courier
+from ._api import SyncMode, register
+from .lbbsp import LBBSPPolicy
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {"deadline": None, "batch_range": "64:1024", "lr_scaling": "linear", "epochs": None,
+            "every": 5}
+EMA_ALPHA = 0.2
+
+
+class CourierPolicy(LBBSPPolicy):
+    """Chooses B(t+1) for the deadline, then splits it as LB-BSP does."""
+
+    def __init__(self, coordinator, options=None):
+        super().__init__(coordinator, options)
+        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
+        problem = Courier.check_options(opts)
+        if problem:
+            raise ValueError(problem)
+        self.deadline_s = _courier.parse_duration(opts["deadline"])
+        self.lo, self.hi = _courier.parse_batch_range(opts["batch_range"])
+        self.epochs = float(opts["epochs"])
+        self.planner = _courier.BatchPlanner(self.lo, self.hi, self.deadline_s,
+                                             every=int(opts["every"]))
+        #: the deadline counts from the launch (the coordinator starts with the job)
+        self.started = time.monotonic()
+        self.dataset_size = 0
+        self.trained = 0                 # samples of the iterations decided so far
+        self.totals = {}                 # iteration -> B(t) as sent
+        self.sync_s: Optional[float] = None
+        self.predicted_finish: dict = {}  # iteration -> predicted seconds from the start
+        self.elapsed: dict = {}           # iteration -> seconds from the start when planned
+        self._warned = False
+
+    # ---- registration -----------------------------------------------------------------
+
+    def validate(self, hellos):
+        n = self.num_workers
+        if self.lo < n:
+            return (f"--batch-range {self.lo}:{self.hi}: the minimum is below the number of "
+                    f"workers ({n}); use a minimum >= {n}")
+        self.dataset_size = int(hellos[0]["dataset_size"])
+        if self.dataset_size < n:
+            return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
+        return None
+
+    def first_split(self, global_batch):
+        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
+        self.totals[0] = B
+        return _bal.equal_split(B, self.num_workers)
+
+    # ---- iterations -------------------------------------------------------------------
+
+    def _cap(self, B: int, cap: Optional[int]) -> int:
+        """B within the rest of the epoch (``cap``): a rest smaller than the number of
+        workers could not be split, so it joins this batch."""
+        if cap is None:
+            return B
+        B = min(B, cap)
+        if 0 < cap - B < self.num_workers:
+            B = cap
+        return B
+
+    def _decided(self, t: int, sizes) -> None:
+        self.totals[t + 1] = int(np.sum(sizes))
+        self.trained += self.totals.get(t, 0)
+        for old in [k for k in self.totals if k < t - 1]:
+            del self.totals[old]
+
+    def warmup(self, t, next_B, current):
+        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
+        sizes = _bal.rescale(current, B)
+        self.coordinator._send_allocation(t + 1, sizes)
+        self._decided(t, sizes)
+        return sizes
+
+    def plan(self, t, model, next_B, current):
+        # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
+        # epoch): the split in force is the coordinator's.
+        current = self.coordinator._sizes
+        elapsed = time.monotonic() - self.started
+        time_left = self.deadline_s - elapsed
+        done = self.trained + self.totals.get(t, 0)
+        remaining = max(self.epochs * self.dataset_size - done, 0)
+        N = self.dataset_size
+        in_epoch = next_B if next_B is not None and next_B < N else 0
+        work = _courier.Work(min(in_epoch, remaining), N, max(remaining - in_epoch, 0) / N)
+        if self.sync_s is None:
+            # no push/pull measured yet: nothing to plan with; keep the batch
+            B = self.totals.get(t, self.lo)
+        else:
+            B = self.planner.update(model, self.sync_s, work, time_left,
+                                    self.coordinator._balancer.max_batch)
+        if self.sync_s is not None and self.planner.missing and not self._warned:
+            self._warned = True
+            finish = self.planner.predicted_finish()
+            log.warning("no global batch in %d:%d meets the deadline: %s of work left at the "
+                        "fastest (B=%d), %s to the deadline; running at B=%d",
+                        self.lo, self.hi, _courier.format_duration(finish), B,
+                        _courier.format_duration(time_left), B)
+        elif self.sync_s is not None and not self.planner.missing:
+            self._warned = False
+        B = self._cap(B, next_B)
+        if current is not None and int(current.sum()) != B:
+            current = _bal.rescale(current, B)
+        sizes = self.coordinator._balancer.allocate(model, B, current)
+        self.coordinator._send_allocation(t + 1, sizes)
+        self._decided(t, sizes)
+        finish = self.planner.predicted_finish(self.planner.current)
+        self.predicted_finish[t + 1] = elapsed + finish if math.isfinite(finish) else None
+        self.elapsed[t + 1] = elapsed
+        for old in [k for k in self.elapsed if k < t - 64]:
+            self.elapsed.pop(old, None)
+            self.predicted_finish.pop(old, None)
+        return sizes
+
+    def on_done(self, rank, msg):
+        s = msg.get("sync_s")
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
+                and int(msg["iteration"]) >= self.coordinator.config.warmup:
+            self.sync_s = s if self.sync_s is None else self.sync_s + EMA_ALPHA * (s - self.sync_s)
+
+    def record_fields(self, t: int) -> dict:
+        """Courier's columns of the metrics record of iteration t."""
+        return {"deadline_s": self.deadline_s,
+                "predicted_finish_s": self.predicted_finish.get(t),
+                "elapsed_s": self.elapsed.get(t), "batch_range": [self.lo, self.hi]}
+
+
+@register
+class Courier(SyncMode):
+    name = "courier"
+    label = "Courier"
+    help = ("the coordinator chooses the global batch to meet --deadline, split as lbbsp "
+            "(dist_sync)")
+    uses_predictor = True
+    sets_batch = True
+    policy = CourierPolicy
+
+    @staticmethod
+    def check_options(options: dict) -> Optional[str]:
+        opts = dict(DEFAULTS, **{k: v for k, v in options.items() if v is not None})
+        try:
+            if opts["deadline"] is None:
+                return ("--sync courier needs --deadline (the time budget, e.g. --deadline 15m) "
+                        "and --epochs (how many epochs it covers)")
+            _courier.parse_duration(opts["deadline"])
+            _courier.parse_batch_range(opts["batch_range"])
+        except _courier.PlanError as exc:
+            return str(exc)
+        epochs = opts["epochs"]
+        if epochs is None:
+            return "--sync courier needs --epochs: how many epochs the --deadline covers"
+        if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
+            return f"--epochs {epochs}: must be a positive number of epochs"
+        if opts["lr_scaling"] not in _courier.LR_SCALING:
+            return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
+                    f"{', '.join(_courier.LR_SCALING)}")
+        return None
+
+    def worker_env(self, options: dict) -> dict:
+        rule = options.get("lr_scaling") or DEFAULTS["lr_scaling"]
+        return {_env.LR_SCALING: rule}

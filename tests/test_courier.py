@@ -1,0 +1,337 @@
+"""Courier's planning (mxlbbsp.courier) and `mxlbbsp plan`: no processes, milliseconds."""
+import json
+import os
+import math
+
+import numpy as np
+import pytest
+
+from mxlbbsp import courier
+from mxlbbsp.balancer import TimeModel
+from mxlbbsp.launcher.cli import main
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("15m", 900), ("1h30m", 5400),
+                                          ("2.5h", 9000), ("1d", 86400), (" 10 m ", 600)])
+def test_durations(text, seconds):
+    assert courier.parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["15", "-5m", "0s", "m", "5x", "1h junk", "", "nan"])
+def test_bad_durations(text):
+    with pytest.raises(courier.PlanError) as err:
+        courier.parse_duration(text)
+    assert "\n" not in str(err.value) and "--deadline" in str(err.value)
+
+
+def test_batch_ranges():
+    assert courier.parse_batch_range("64:1024") == (64, 1024)
+    assert courier.parse_batch_range("8:8", num_workers=4) == (8, 8)
+    for bad in ("1024:64", "0:10", "64", "a:b", "64:"):
+        with pytest.raises(courier.PlanError):
+            courier.parse_batch_range(bad)
+    with pytest.raises(courier.PlanError, match="below the number of workers"):
+        courier.parse_batch_range("2:64", num_workers=4)
+
+
+def test_candidates_cover_the_range_geometrically():
+    c = courier.candidates(64, 1024)
+    assert c[0] == 64 and c[-1] == 1024
+    assert np.all(np.diff(c) > 0)
+    assert {64, 128, 256, 512, 1024} <= set(c.tolist())     # Courier's own grid is in it
+    assert courier.candidates(100, 100).tolist() == [100]
+
+
+def _model(speeds, fixed=0.01):
+    speeds = np.asarray(speeds, dtype=float)
+    return TimeModel(speeds, np.full_like(speeds, fixed))
+
+
+def test_plan_is_the_lbbsp_makespan_plus_sync():
+    model = _model([100.0, 300.0], fixed=0.0)
+    work = courier.Work(0, 1000, 1)
+    (row,) = courier.plan(model, 0.05, work, [400])
+    # 400 samples split 100:300 -> each 1.0 s; plus 0.05 s push/pull; ceil(1000/400) = 3
+    assert row.iteration_s == pytest.approx(1.05)
+    assert row.finish_s == pytest.approx(3 * 1.05)
+
+
+def test_smallest_batch_that_meets_the_deadline_else_the_fastest():
+    model = _model([500.0, 500.0, 500.0, 500.0], fixed=0.02)
+    work = courier.Work(0, 20000, 2)
+    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024))
+    finish = {r.batch: r.finish_s for r in rows}
+    # with a fixed cost per iteration, bigger batches finish sooner
+    assert finish[1024] < finish[64]
+    deadline = finish[256] * 1.001
+    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024), deadline)
+    batch, meets = courier.choose(rows)
+    assert meets and batch <= 256
+    assert all(not r.meets for r in rows if r.batch < batch)
+    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024), 0.001)
+    batch, meets = courier.choose(rows)
+    assert not meets and batch == min(rows, key=lambda r: r.finish_s).batch
+
+
+def test_work_counts_the_short_last_batch_of_each_epoch():
+    work = courier.Work(in_epoch=100, epoch_size=1000, epochs=2)
+    assert work.iterations(64) == math.ceil(100 / 64) + 2 * math.ceil(1000 / 64)
+    assert work.samples == 2100
+
+
+def test_planner_moves_up_when_the_cluster_slows_and_keeps_still_under_noise():
+    rng = np.random.default_rng(0)
+    n, epoch = 4, 50000
+    planner = courier.BatchPlanner(64, 1024, deadline_s=0, every=5, margin=0.1)
+    fast = np.full(n, 2000.0)
+    work = courier.Work(epoch, epoch, 2)
+    rows = courier.plan(_model(fast), 0.01, work, planner.batches)
+    # a deadline that B=256 meets comfortably at full speed
+    time_left = {r.batch: r.finish_s for r in rows}[256] * 1.3
+    b0 = planner.initial(_model(fast), 0.01, work, time_left)
+    seen = []
+    for _ in range(30):                                 # 3% noise on the speeds
+        noisy = fast * (1 + 0.03 * rng.standard_normal(n))
+        seen.append(planner.update(_model(noisy), 0.01, work, time_left))
+    assert len(set(seen)) == 1 and seen[0] == b0        # no jitter
+    slow = fast.copy()
+    slow[:2] /= 3                                       # a tenant slows two of four workers 3x
+    b1 = planner.update(_model(slow), 0.01, work, time_left)
+    assert b1 > b0                                      # at once, not after `every`
+    assert not planner.missing
+    # the tenant leaves: after `every` iterations the planner comes back down
+    back = [planner.update(_model(fast), 0.01, work, time_left) for _ in range(6)]
+    assert back[0] == b1 and back[-1] < b1
+
+
+def test_planner_says_when_no_batch_meets_the_deadline():
+    planner = courier.BatchPlanner(64, 256, deadline_s=1)
+    work = courier.Work(10**6, 10**6, 1)
+    b = planner.initial(_model([100.0, 100.0]), 0.01, work, time_left=1.0)
+    assert planner.missing and b == 256
+
+
+def test_fit_time_models_recovers_fixed_cost_and_speed():
+    recs = []
+    rng = np.random.default_rng(1)
+    for t in range(40):
+        for rank, (a, v) in enumerate([(0.02, 1000.0), (0.05, 250.0)]):
+            b = int(rng.integers(20, 200))
+            recs.append({"iteration": t, "rank": rank, "batch_size": b,
+                         "compute_s": a + b / v, "sync_s": 0.004})
+    ranks, model, sync_s = courier.fit_time_models(recs)
+    assert ranks == [0, 1]
+    np.testing.assert_allclose(model.intercept, [0.02, 0.05], rtol=1e-6)
+    np.testing.assert_allclose(model.speed, [1000.0, 250.0], rtol=1e-6)
+    assert sync_s == pytest.approx(0.004)
+
+
+def _metrics_file(tmp_path):
+    path = tmp_path / "prof.jsonl"
+    with open(path, "w") as fh:
+        for t in range(20):
+            for rank, v in enumerate([1000.0, 500.0]):
+                b = 64 if rank == 0 else 32
+                fh.write(json.dumps({
+                    "iteration": t, "rank": rank, "batch_size": b, "compute_s": b / v,
+                    "wait_s": 0.0, "sync_s": 0.005, "speed": v, "predicted_speed": None,
+                    "cpu_percent": 50.0, "mem_percent": 10.0, "sync": "lbbsp",
+                    "time": 1.0 + t}) + "\n")
+    return path
+
+
+def test_plan_cli_table_and_json(tmp_path, capsys):
+    path = _metrics_file(tmp_path)
+    assert main(["plan", str(path), "--samples", "10000", "--epochs", "2",
+                 "--batch-range", "32:512", "--deadline", "30s"]) == 0
+    out = capsys.readouterr().out
+    assert "<- choice" in out and "meets" in out
+    assert main(["plan", str(path), "--samples", "10000", "--epochs", "2",
+                 "--batch-range", "32:512", "--deadline", "30s", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["workers"] == 2 and data["meets_deadline"]
+    np.testing.assert_allclose(data["speed"], [1000.0, 500.0])
+    # 1500 samples/s in all with no fixed cost: 20000 samples take ~13.3 s plus push/pulls
+    choice = next(r for r in data["rows"] if r["batch"] == data["choice"])
+    assert choice["finish_s"] <= 30 and choice["batch"] == 32
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--deadline", "15"], "unit"),
+    (["--deadline", "-1m"], "positive"),
+    (["--batch-range", "512:64"], "inverted"),
+    (["--batch-range", "1:64"], "number of workers"),
+    (["--samples", "0"], "--samples"),
+])
+def test_plan_cli_bad_input(tmp_path, capsys, args, words):
+    path = _metrics_file(tmp_path)
+    argv = ["plan", str(path), "--samples", "1000", *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_loader_replays_a_schedule_and_uses_every_sample_once_per_epoch(monkeypatch):
+    from mxnet import gluon, nd
+
+    import mxlbbsp
+    from mxlbbsp import session
+
+    monkeypatch.delenv("MXLBBSP_COORDINATOR", raising=False)
+    session.close_session()
+    N = 100
+    ds = gluon.data.ArrayDataset(nd.array(np.arange(N).reshape(N, 1)), nd.array(np.arange(N)))
+    schedule = [10, 30, 7, 53, 40, 40, 20, 99, 1]
+    loader = mxlbbsp.DataLoader(ds, global_batch_size=10, shuffle=True, seed=3,
+                                batch_schedule=schedule)
+    sizes, epochs = [], []
+    try:
+        for _ in range(3):
+            seen = []
+            for _, label in loader:
+                sizes.append(len(label))
+                seen.extend(int(i) for i in label.asnumpy())
+            epochs.append(seen)
+        with pytest.raises(TypeError, match="not fixed"):
+            len(loader)
+        assert session.current().lr_factor() == pytest.approx(1 / 10)   # B = 1, B0 = 10
+    finally:
+        session.close_session()
+    assert sizes == schedule
+    for seen in epochs:
+        assert sorted(seen) == list(range(N))
+    assert epochs[0] != epochs[1]                     # a new permutation every epoch
+    bad = mxlbbsp.DataLoader(ds, global_batch_size=10, batch_schedule=[60, 60])
+    with pytest.raises(ValueError, match="past the end of the epoch"):
+        list(bad)
+    session.close_session()
+
+
+# ---- the courier mode in the coordinator, with real sessions over loopback TCP -------------
+
+from test_coordinator import coordinator, sessions  # noqa: E402,F401  (fixture and helper)
+
+
+def _courier_iteration(ss, speeds, sync_s=0.05):
+    """One iteration of every worker at the given per-sample speeds (a stand-in clock), with
+    a push/pull of ``sync_s``: the fixed cost per iteration that a larger batch amortises."""
+    sizes = []
+    for s, v in zip(ss, speeds):
+        t, offset, local = s.next_iteration(None)
+        sizes.append(local)
+        s._t_end -= local / v
+        s.gradients_ready()
+    for s in ss:
+        s._t_ready -= sync_s
+        s.step_done()
+    return t, ss[0].batch_global, sizes
+
+
+def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinator):
+    n, N = 4, 20000
+    c = coordinator(n, sync="courier", predictor="last",
+                    sync_options={"deadline": "12s", "batch_range": "32:1024", "epochs": 1})
+    ss, errors = sessions(c, n, B=64, N=N, sync="courier")
+    assert not errors
+    for s in ss:
+        s.next_global_batch = lambda: N
+    fast, slow = [1000.0] * 4, [1000.0, 1000.0, 250.0, 250.0]
+    history = [_courier_iteration(ss, fast) for _ in range(15)]
+    before = history[-1][1]
+    history += [_courier_iteration(ss, slow) for _ in range(10)]
+    during = max(b for _, b, _ in history[-10:])
+    history += [_courier_iteration(ss, fast) for _ in range(20)]
+    after = history[-1][1]
+    for s in ss:
+        s.close()
+    assert c.failure is None
+    for t, B, sizes in history:
+        assert sum(sizes) == B and min(sizes) >= 1         # the slices tile B(t)
+        assert B == 64 or 32 <= B <= 1024                  # B0, then within the range
+    assert during > before                                 # the tenant arrived: larger B
+    assert after < during                                  # it left: back down
+    # the slow workers get less than the fast ones while they are slow
+    t, B, sizes = history[24]
+    assert sizes[0] > sizes[2] and sizes[1] > sizes[3]
+    rows = finished_records(c)
+    assert {r["global_batch"] for r in rows} == {B for _, B, _ in history}
+    assert all(r["deadline_s"] == 12.0 for r in rows)
+
+
+from test_coordinator import finished_records  # noqa: E402
+
+
+# ---- end to end: a real courier job, and one process replaying its B(t) ---------------------
+
+@pytest.mark.cluster
+def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameters(tmp_path):
+    import subprocess
+
+    import mxnet as mx
+
+    from conftest import PY, ROOT, run_mxlbbsp
+    from test_cluster import relative_difference
+
+    record = ROOT / "tests" / "scripts" / "record_batches.py"
+    N, B0, epochs = 600, 50, 2                # B0 = 50 is not a candidate: B(t) must change
+    job, single = tmp_path / "job", tmp_path / "single"
+    job.mkdir()
+    single.mkdir()
+    with open(tmp_path / "tenant.csv", "w") as fh:     # worker 1 slows down 4x mid-run
+        fh.write("iteration,rank,slowdown\n0,0,1\n0,1,1\n0,2,1\n8,1,4\n")
+    r = run_mxlbbsp("launch", "-n", 3, "--sync", "courier", "--deadline", "20s",
+                    "--batch-range", "24:300", "--epochs", epochs, "--lr-scaling", "sqrt",
+                    "--emulate-compute", 1, "--emulate-slowdown", tmp_path / "tenant.csv",
+                    "--metrics", tmp_path / "m.jsonl", "--progress", 0,
+                    "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
+    assert r.rc == 0, r.output
+    recs = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
+    totals = {}
+    for rec in recs:
+        totals.setdefault(rec["iteration"], []).append(rec["batch_size"])
+    schedule = [sum(totals[t]) for t in sorted(totals)]
+    assert schedule == [next(x["global_batch"] for x in recs if x["iteration"] == t)
+                        for t in sorted(totals)]
+    assert len(set(schedule)) > 1                       # the coordinator chose B(t)
+    assert sum(schedule) == N * epochs                  # every sample of both epochs ...
+    ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
+    union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
+    cursor, epoch_seen = 0, []
+    for batch in union:                                 # ... used once per epoch
+        epoch_seen.extend(batch)
+        cursor += len(batch)
+        if cursor == N:
+            assert sorted(epoch_seen) == list(range(N))
+            cursor, epoch_seen = 0, []
+    assert cursor == 0
+    # one process replaying the recorded B(t), with the same learning-rate rule
+    env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"),
+               MXLBBSP_LR_SCALING="sqrt")
+    subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
+                    "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
+    replay = json.load(open(single / "single.json"))["batches"]
+    assert [sorted(b) for b in replay] == union         # exactly the same batches
+    dist = mx.nd.load(str(job / "rank0.params"))
+    one = mx.nd.load(str(single / "single.params"))
+    assert relative_difference(dist, one) <= 1e-4
+
+
+def test_report_plots_the_plan_of_a_courier_run(tmp_path):
+    from mxlbbsp.report import write_report
+    path = tmp_path / "courier.jsonl"
+    with open(path, "w") as fh:
+        for t in range(30):
+            B = 64 if t < 10 else 128
+            for rank in range(2):
+                fh.write(json.dumps({
+                    "iteration": t, "rank": rank, "batch_size": B // 2, "compute_s": 0.01,
+                    "wait_s": 0.001, "sync_s": 0.001, "iteration_s": 0.011, "speed": B / 0.02,
+                    "predicted_speed": None, "cpu_percent": 50.0, "mem_percent": 10.0,
+                    "sync": "courier", "predictor": "last", "time": 1.0 + t,
+                    "global_batch": B, "lr_factor": B / 64, "deadline_s": 60.0,
+                    "predicted_finish_s": 50.0 + t / 10, "elapsed_s": 5.0 + t,
+                    "batch_range": [32, 512]}) + "\n")
+    index = write_report([str(path)], str(tmp_path / "out"))
+    assert (tmp_path / "out" / "run-plan.png").stat().st_size > 10000
+    html = open(index).read()
+    assert "run-plan.png" in html and "deadline" in html
