@@ -55,6 +55,9 @@ def test_bad_launch_option(args, needle):
 def test_reserved_names_are_every_variable_the_launcher_writes():
     written = set(_env.ps_env("worker", "h", 1, 1, 1, node_host="h", interface="lo"))
     written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5))
+    from mxlbbsp import modes
+    for name in modes.available():                   # the sync modes' own variables
+        written |= set(modes.get(name).worker_env({}))
     assert written == set(_env.RESERVED)
     # a user's own variable, even with the prefix, stays allowed (tests pass this one)
     assert parse_env(["MXLBBSP_TEST_MARK=x", "DMLC_LOG_DEBUG=1"]) == {
