@@ -75,6 +75,11 @@ def cli(verbose):
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
                    "b / speed with a fitted fixed cost a per worker.")
+@click.option("--exog", default="auto", show_default=True, metavar="COLS",
+              help="The predictor's exogenous inputs, from each worker's report: auto "
+                   "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "
+                   "of cpu_percent, mem_percent, others_cpu, ctx_invol, run_delay, "
+                   "cpu_pressure, steal, runq (see mxlbbsp/signals.py).")
 @click.option("--threshold", type=float, default=0.03, show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
@@ -110,7 +115,7 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
+def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, exog, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
@@ -119,7 +124,7 @@ def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, thre
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
-        threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        exog=exog, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ssh_port=ssh_port, ssh_identity=ssh_identity,

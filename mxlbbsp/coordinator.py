@@ -32,6 +32,7 @@ import numpy as np
 from . import balancer as _bal
 from . import predictors as _pred
 from . import protocol as P
+from . import signals as _signals
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class CoordinatorConfig:
     sync: str = "lbbsp"
     predictor: str = "narx"
     time_model: str = "linear"
+    exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
     threshold: float = 0.03
     max_batch: Optional[int] = None       # per-worker cap from the command line
     metrics_path: Optional[str] = None
@@ -90,7 +92,7 @@ class Coordinator:
         options = {}
         if getattr(_pred.predictor_class(config.predictor), "needs_schedules", False):
             options["schedules"] = config.slowdown
-        self._predictor = _pred.create(config.predictor, n, **options)
+        self._predictor = _pred.create(config.predictor, n, max(len(config.exog), 1), **options)
         self._fit = _bal.AffineFit(n)
         self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
@@ -356,7 +358,7 @@ class Coordinator:
         n = self.config.num_workers
         batch = np.array([reports[r]["batch_size"] for r in range(n)], dtype=float)
         compute = np.array([reports[r]["compute_s"] for r in range(n)], dtype=float)
-        exog = np.array([[_nan(reports[r].get("cpu_percent")), _nan(reports[r].get("mem_percent"))]
+        exog = np.array([[_nan(reports[r].get(c)) for c in self.config.exog] or [np.nan]
                          for r in range(n)])
         next_B = reports[0].get("next_global_batch")
         if t < self.config.warmup:
@@ -436,6 +438,7 @@ class Coordinator:
             "wait_s": done.get("wait_s"), "sync_s": done.get("sync_s"),
             "iteration_s": done.get("iteration_s"),
             "fallbacks": int(self._predictor.fallbacks[rank]),
+            **{name: report.get(name) for name in _signals.NAMES if name in report},
         }
 
     def _flush_records(self, final: bool = False) -> None:
