@@ -71,10 +71,12 @@ def cli(verbose):
                    "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
                    "(autoregressive); oracle knows the --emulate-slowdown schedule ahead "
                    "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
-@click.option("--time-model", type=click.Choice(["linear", "affine"]), default="linear",
+@click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
-                   "b / speed with a fitted fixed cost a per worker.")
+                   "b / speed with a fitted fixed cost a per worker; auto: affine, keeping "
+                   "the split equal unless an uneven one gains --threshold, once the fixed "
+                   "cost is half the time or more (tiny models), else linear.")
 @click.option("--exog", default="auto", show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "

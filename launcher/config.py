@@ -65,7 +65,7 @@ class LaunchConfig:
     hostfile: Optional[str] = None
     sync: str = "lbbsp"
     predictor: str = "narx"
-    time_model: str = "linear"
+    time_model: str = "auto"
     exog: str = "auto"                        # the predictor's inputs (--exog)
     threshold: float = 0.03
     max_batch_size: Optional[int] = None

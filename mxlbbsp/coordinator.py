@@ -36,7 +36,11 @@ from . import signals as _signals
 
 log = logging.getLogger(__name__)
 
-TIME_MODELS = ("linear", "affine")
+TIME_MODELS = ("auto", "linear", "affine")
+#: ``auto``: the affine model once the fitted fixed cost is at least FIXED_SHARE[1] of the
+#: workers' time (median over workers), back to linear below FIXED_SHARE[0] (hysteresis: the
+#: fit is noisy on tiny models)
+FIXED_SHARE = (0.3, 0.5)
 
 
 @dataclasses.dataclass
@@ -47,7 +51,7 @@ class CoordinatorConfig:
     token: str
     sync: str = "lbbsp"
     predictor: str = "narx"
-    time_model: str = "linear"
+    time_model: str = "auto"
     exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
     threshold: float = 0.03
     max_batch: Optional[int] = None       # per-worker cap from the command line
@@ -94,7 +98,11 @@ class Coordinator:
             options["schedules"] = config.slowdown
         self._predictor = _pred.create(config.predictor, n, max(len(config.exog), 1), **options)
         self._fit = _bal.AffineFit(n)
-        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
+        # auto time model: prefer the equal split whenever an uneven one does not gain the
+        # threshold (see balancer.Balancer._prefer_equal)
+        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch,
+                                       prefer_equal=config.time_model == "auto")
+        self._fixed_dominates = False                # auto: the fixed cost dominates
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
         self._byes: set = set()
@@ -367,9 +375,19 @@ class Coordinator:
                 self._sizes = _bal.rescale(self._sizes, next_B)
                 self._send_allocation(t + 1, self._sizes)
             return
-        affine = self.config.time_model == "affine"
-        if affine:
+        kind = self.config.time_model
+        if kind != "linear":
             self._fit.observe(batch, compute)
+        affine = kind == "affine"
+        if kind == "auto":
+            # A tiny model's time barely grows with its batch: the linear model then reads a
+            # worker given fewer samples as slower and walks the split to 63:1. Once the fit
+            # says the fixed cost dominates, use it, and keep the split equal unless an
+            # uneven one is predicted to gain the threshold.
+            share = float(np.median(self._fit.share))
+            self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
+            affine = self._fixed_dominates
+        if affine:
             fixed = np.minimum(self._fit.intercept, 0.8 * compute)
         else:
             fixed = np.zeros(n)
