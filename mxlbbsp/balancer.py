@@ -269,8 +269,13 @@ class AffineFit:
         self._t = np.full((num_workers, window), np.nan)
         self._next = 0
         self.intercept = np.zeros(num_workers)
-        #: intercept / mean time of the window, per worker (0 until fitted)
+        #: fitted intercept / mean time of the window, per worker, in [0, 1] (0 until fitted)
         self.share = np.zeros(num_workers)
+        #: fitted seconds per sample, per worker (NaN until fitted; may be <= 0: noise)
+        self.slope = np.full(num_workers, np.nan)
+        #: the window's mean batch and mean time per worker
+        self.mean_batch = np.full(num_workers, np.nan)
+        self.mean_time = np.full(num_workers, np.nan)
 
     def observe(self, batch, seconds) -> None:
         col = self._next % self.window
@@ -295,10 +300,14 @@ class AffineFit:
         fitted = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept)
         # A time that does not grow with the batch (slope <= 0 within the noise): all of it
         # is fixed cost, as far as this window can tell; clamped below like any estimate.
-        intercept = np.where(slope > 0, intercept, tmin)
+        intercept = np.where(slope > 0, intercept, mt)
         self.intercept = np.where(fitted, np.clip(intercept, 0.0, self.max_share * tmin),
                                   self.intercept)
-        self.share = np.where(np.isfinite(mt) & (mt > 0), self.intercept / mt, 0.0)
+        # the share of the mean time that the fit calls fixed, before the clamp (which
+        # depends on the fastest iteration and so on the noise)
+        self.share = np.where(fitted, np.clip(intercept / mt, 0.0, 1.0), self.share)
+        self.slope = np.where(fitted, slope, self.slope)
+        self.mean_batch, self.mean_time = mb, mt
 
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""

@@ -378,28 +378,23 @@ class Coordinator:
         kind = self.config.time_model
         if kind != "linear":
             self._fit.observe(batch, compute)
-        affine = kind == "affine"
         if kind == "auto":
-            # A tiny model's time barely grows with its batch: the linear model then reads a
-            # worker given fewer samples as slower and walks the split to 63:1. Once the fit
-            # says the fixed cost dominates, use it, and keep the split equal unless an
-            # uneven one is predicted to gain the threshold.
             share = float(np.median(self._fit.share))
             self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
-            affine = self._fixed_dominates
-        if affine:
-            fixed = np.minimum(self._fit.intercept, 0.8 * compute)
+        if kind == "auto" and self._fixed_dominates:
+            model = self._fixed_cost_model(t, batch, compute, exog)
         else:
-            fixed = np.zeros(n)
-        # The predictor sees the batch-invariant (marginal) speed; with the linear model it
-        # is simply batch / compute time.
-        if hasattr(self._predictor, "advance"):
-            self._predictor.advance(t)
-        self._predictor.observe(batch / (compute - fixed), exog)
-        marginal = self._predictor.predict()
-        bad = ~(np.isfinite(marginal) & (marginal > 0))
-        marginal = np.where(bad, batch / (compute - fixed), marginal)
-        model = _bal.TimeModel(marginal, fixed)
+            fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
+                else np.zeros(n)
+            # The predictor sees the batch-invariant (marginal) speed; with the linear model
+            # it is simply batch / compute time.
+            if hasattr(self._predictor, "advance"):
+                self._predictor.advance(t)
+            self._predictor.observe(batch / (compute - fixed), exog)
+            marginal = self._predictor.predict()
+            bad = ~(np.isfinite(marginal) & (marginal > 0))
+            marginal = np.where(bad, batch / (compute - fixed), marginal)
+            model = _bal.TimeModel(marginal, fixed)
 
         if next_B is None:
             return
@@ -420,6 +415,26 @@ class Coordinator:
         # What the predictor expects each worker's observed speed to be at t+1.
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
         self._predictor.learn()     # training, after the broadcast: off the critical path
+
+    def _fixed_cost_model(self, t, batch, compute, exog) -> _bal.TimeModel:
+        """``auto`` while the fixed cost dominates (tiny models): the fitted line of each
+        worker's window (t_i(b) = a_i + c_i b through its mean batch and mean time), not
+        one-step forecasts, whose noise alone (+-30 % on a 5 ms iteration) would move the
+        split to an extreme every few iterations. A non-positive slope (time does not grow
+        with the batch, within the noise) counts as 1 % of the time per mean batch, so that
+        moving samples gains little and the split stays equal (prefer_equal) unless a
+        worker is clearly slower. The predictor still observes (whole-time speeds), so
+        that it is warm if the job leaves this regime."""
+        if hasattr(self._predictor, "advance"):
+            self._predictor.advance(t)
+        self._predictor.observe(batch / compute, exog)
+        fit = self._fit
+        mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
+        mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
+        floor = 0.01 * mean_t / mean_b
+        slope = np.where(np.isfinite(fit.slope), np.maximum(fit.slope, floor), floor)
+        slope = np.minimum(slope, mean_t / mean_b)
+        return _bal.TimeModel(1.0 / slope, mean_t - slope * mean_b)
 
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])

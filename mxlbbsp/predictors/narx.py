@@ -64,8 +64,11 @@ from ._api import Predictor, register
 
 D_Y = 2          # speed lags (the level, and dy - 1 differences)
 D_X = 2          # exogenous lags (per column)
-KNOTS = (-1.0, 0.0, 1.0)   # tanh units per input, centred here (normalised units)
+KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
+BANDWIDTH = 0.3  # kernel unit: Gaussian width in normalised input units (0: no kernel unit)
+MEMORY = 128     # kernel unit: pairs remembered per worker
+RECENCY = 0.99   # kernel unit: weight of a pair decays by this per iteration of age
 LAMBDA = 0.995   # RLS forgetting factor
 DELTA = 1.0      # prior: P0 = DELTA I (ridge 1/DELTA towards the last value)
 MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not vary)
@@ -84,7 +87,8 @@ class NARX(Predictor):
     """Random-feature NARX with an RLS output layer, per worker (see the module docstring)."""
 
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
-                 knots=KNOTS, sharpness: float = SHARPNESS, lam: float = LAMBDA, delta: float = DELTA,
+                 knots=KNOTS, sharpness: float = SHARPNESS, bandwidth: float = BANDWIDTH,
+                 memory: int = MEMORY, recency: float = RECENCY, lam: float = LAMBDA, delta: float = DELTA,
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
@@ -103,7 +107,16 @@ class NARX(Predictor):
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
         self.hidden = U * len(knots)
-        F = self._F = 1 + self.d_y + U + self.hidden
+        self.bandwidth, self.memory, self.recency = float(bandwidth), int(memory), float(recency)
+        self._kernel = U > 0 and self.bandwidth > 0
+        F = self._F = 1 + self.d_y + U + self.hidden + U * int(self._kernel)
+        # the kernel unit's memory: normalised inputs u_s, the log speed that followed
+        M = max(self.memory, 1)
+        self._mem_u = np.zeros((n, M, U))
+        self._mem_v = np.zeros((n, M))
+        self._mem_ok = np.zeros((n, M), dtype=bool)
+        self._mem_age = np.zeros(M)
+        self._mem_slot = 0
         self._knots = np.asarray(knots, dtype=float) if U else np.zeros(0)
         self.sharpness = float(sharpness)
         self._theta = np.zeros((n, F))
@@ -121,6 +134,7 @@ class NARX(Predictor):
         self._last = np.full(n, np.nan)             # the last good speed
         self._slot = 0
         self._count = 0
+        self._xl_prev = np.zeros((n, U))
         self._phi = np.full((n, F), np.nan)         # features of the newest observation
         self._pending = None                        # (phi, target, ok): learnt by learn()
         # forecasting candidates (network, last, EMA): their last forecasts and running errors
@@ -172,6 +186,15 @@ class NARX(Predictor):
         xn = np.where(np.isfinite(xn), xn, 0.0)
         if self.d_x:
             self._xl = np.concatenate([xn[:, None, :], self._xl[:, :-1]], axis=1)
+        if self._kernel and self._count:             # remember (u_{t-1}, ly_t)
+            k = self._mem_slot
+            self._mem_u[:, k] = self._xl_prev
+            self._mem_v[:, k] = ly
+            self._mem_ok[:, k] = good
+            self._mem_age += 1.0
+            self._mem_age[k] = 0.0
+            self._mem_slot = (k + 1) % self.memory
+        self._xl_prev = self._xl.reshape(n, -1).copy()
         self._ly = np.concatenate([ly[:, None], self._ly[:, :-1]], axis=1)
         rate = 1.0 / min(self._count + 1, self.norm_window)
         self._m_y = np.where(np.isfinite(self._m_y), self._m_y + rate * (ly - self._m_y), ly)
@@ -191,11 +214,28 @@ class NARX(Predictor):
             parts.append((lags[:, 1:] - ly[:, None]) / SCALE)
         if self._U:
             u = self._xl.reshape(n, -1)
-            parts += [u, np.tanh(self.sharpness * (u[:, :, None] - self._knots)).reshape(n, -1)]
+            parts.append(u)
+            if self.hidden:
+                parts.append(np.tanh(self.sharpness * (u[:, :, None] - self._knots)).reshape(n, -1))
+            if self._kernel:
+                parts.append((self._recall(u) - ly[:, None]) / SCALE)
         phi = np.concatenate(parts, axis=1)
         phi[~np.isfinite(phi)] = 0.0               # lags not filled yet
         phi[~np.isfinite(ly)] = np.nan             # no speed yet: nothing to learn from
         return phi
+
+    def _recall(self, u) -> np.ndarray:
+        """The kernel units, one per input j: a Gaussian-weighted mean of the log speeds
+        that followed a value of input j like u_j (a generalised regression network per
+        input, one hidden unit per remembered pair); NaN where nothing similar is
+        remembered. Per input, so that an irrelevant input does not blur the others: the
+        output layer weighs them."""
+        d = (self._mem_u - u[:, None, :]) / self.bandwidth                      # (n, M, U)
+        w = np.exp(-0.5 * d * d) * (self.recency ** self._mem_age)[None, :, None]
+        w *= self._mem_ok[:, :, None]
+        total = w.sum(axis=1)                                                   # (n, U)
+        mean = np.einsum("nmu,nm->nu", w, self._mem_v) / np.maximum(total, 1e-300)
+        return np.where(total > 1e-3, mean, np.nan)
 
     def _update_stats(self, values: np.ndarray) -> None:
         finite = np.isfinite(values)
