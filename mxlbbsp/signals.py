@@ -93,20 +93,21 @@ def _pressure() -> float:
 def _threads():
     """Seconds this process's threads waited runnable for a CPU, summed over threads
     (/proc/self/task/<tid>/schedstat, 2nd field, ns); NaN where missing."""
-    delay = 0.0
+    delay, read = 0.0, 0
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return _NAN
     for tid in tids:
         data = _read(f"/proc/self/task/{tid}/schedstat")
-        if data is None:
+        if data is None:        # the thread ended meanwhile, or no schedstat here
             continue
         try:
             delay += int(data.split()[1]) / 1e9
         except (IndexError, ValueError):
             return _NAN
-    return delay
+        read += 1
+    return delay if read else _NAN
 
 
 class Signals:
@@ -179,7 +180,9 @@ class Signals:
         if wall > 0:
             others = (end["busy"] - start["busy"]) - (end["own"] - start["own"])
             # /proc/stat ticks are 10 ms: short windows are coarse; never below 0
-            out["others_cpu"] = max(0.0, 100.0 * others / (wall * self._cpus))
+            out["others_cpu"] = 100.0 * others / (wall * self._cpus)
+            if out["others_cpu"] < 0:           # NaN stays NaN
+                out["others_cpu"] = 0.0
             out["ctx_invol"] = (end["ctx"] - start["ctx"]) / wall
             out["run_delay"] = (end["delay"] - start["delay"]) / wall
             out["cpu_pressure"] = (end["psi"] - start["psi"]) / wall

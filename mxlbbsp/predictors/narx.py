@@ -68,6 +68,7 @@ KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
 BANDWIDTH = 0.3  # kernel unit: Gaussian width in normalised input units (0: no kernel unit)
 MEMORY = 128     # kernel unit: pairs remembered per worker
+LINEAR_X = True  # the readings themselves are inputs of the output layer too
 RECENCY = 0.99   # kernel unit: weight of a pair decays by this per iteration of age
 LAMBDA = 0.995   # RLS forgetting factor
 DELTA = 1.0      # prior: P0 = DELTA I (ridge 1/DELTA towards the last value)
@@ -75,7 +76,7 @@ MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not 
 CLIP_ERR = 3.0   # an RLS error is clipped to this many running mean |errors|
 WARMUP = 3       # observations before the network is used
 GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
-GATE_POWER = 4.0  # weight ~ error^-GATE_POWER
+GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
 WINDOW = 64      # speeds kept for the sanity range
@@ -88,7 +89,7 @@ class NARX(Predictor):
 
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
                  knots=KNOTS, sharpness: float = SHARPNESS, bandwidth: float = BANDWIDTH,
-                 memory: int = MEMORY, recency: float = RECENCY, lam: float = LAMBDA, delta: float = DELTA,
+                 memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
@@ -109,7 +110,8 @@ class NARX(Predictor):
         self.hidden = U * len(knots)
         self.bandwidth, self.memory, self.recency = float(bandwidth), int(memory), float(recency)
         self._kernel = U > 0 and self.bandwidth > 0
-        F = self._F = 1 + self.d_y + U + self.hidden + U * int(self._kernel)
+        self.linear_x = bool(linear_x)
+        F = self._F = 1 + self.d_y + U * int(self.linear_x) + self.hidden + U * int(self._kernel)
         # the kernel unit's memory: normalised inputs u_s, the log speed that followed
         M = max(self.memory, 1)
         self._mem_u = np.zeros((n, M, U))
@@ -139,8 +141,9 @@ class NARX(Predictor):
         self._pending = None                        # (phi, target, ok): learnt by learn()
         # forecasting candidates (network, last, EMA): their last forecasts and running errors
         self._ema = np.full(n, np.nan)
-        self._cand = np.full((n, 3), np.nan)
-        self._err = np.zeros((n, 3))
+        C = 3 + (U if self._kernel else 0)
+        self._cand = np.full((n, C), np.nan)
+        self._err = np.zeros((n, C))
         self._forecast = np.full(n, np.nan)
 
     # ---- the interface -------------------------------------------------------------------
@@ -204,7 +207,9 @@ class NARX(Predictor):
         self._count += 1
         self._phi = self._features(ly)
         r = np.einsum("nf,nf->n", self._phi, self._theta)
-        self._forecast = self._combine(y, y * np.exp(SCALE * r))
+        kernels = y[:, None] * np.exp(SCALE * self._phi[:, self._F - self._U:]) \
+            if self._kernel else np.zeros((n, 0))
+        self._forecast = self._combine(y, y * np.exp(SCALE * r), kernels)
 
     def _features(self, ly) -> np.ndarray:
         n, d_y = self.num_workers, self.d_y
@@ -214,7 +219,8 @@ class NARX(Predictor):
             parts.append((lags[:, 1:] - ly[:, None]) / SCALE)
         if self._U:
             u = self._xl.reshape(n, -1)
-            parts.append(u)
+            if self.linear_x:
+                parts.append(u)
             if self.hidden:
                 parts.append(np.tanh(self.sharpness * (u[:, :, None] - self._knots)).reshape(n, -1))
             if self._kernel:
@@ -273,7 +279,7 @@ class NARX(Predictor):
             self._abs_err[broken] = np.nan
 
     def _score(self, speed, good) -> None:
-        """Running absolute relative errors of the three candidates' forecasts of ``speed``."""
+        """Running absolute relative errors of the candidates' forecasts of ``speed``."""
         scored = good & np.isfinite(self._cand).all(axis=1)
         if not scored.any():
             return
@@ -282,8 +288,9 @@ class NARX(Predictor):
         err = np.where(np.isfinite(err), np.minimum(err, 10.0), 10.0)
         self._err += rate[:, None] * (np.where(scored[:, None], err, 0.0) - self._err)
 
-    def _combine(self, last, net) -> np.ndarray:
-        """Guard the network's forecast, then weigh it against last value and EMA."""
+    def _combine(self, last, net, kernels) -> np.ndarray:
+        """Guard the network's forecast and the kernel units' (one per input, alone), then
+        weigh them against last value and EMA."""
         seen = np.isfinite(self._recent)
         lo = np.fmin(self._recent.min(axis=1, where=seen, initial=np.inf), last)
         hi = np.fmax(self._recent.max(axis=1, where=seen, initial=-np.inf), last)
@@ -293,7 +300,10 @@ class NARX(Predictor):
         if not warm:
             self.fallbacks += ~sane & np.isfinite(last)
         net = np.where(sane & ~warm, net, last)
-        cand = np.stack([net, last, self._ema], axis=1)
+        lo, hi = (lo - margin)[:, None], (hi + margin)[:, None]
+        kernels = np.where(np.isfinite(kernels) & (kernels >= lo) & (kernels <= hi) & ~warm,
+                           kernels, last[:, None])
+        cand = np.concatenate([np.stack([net, last, self._ema], axis=1), kernels], axis=1)
         self._cand = cand
         if warm:
             return last.copy()
