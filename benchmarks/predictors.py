@@ -83,6 +83,54 @@ def switching(seed, T=600, ranks=2, p_switch=0.1, drop=0.5, noise=0.03, lead=Tru
     return rows
 
 
+CURVES = {
+    "linear": lambda l: 1.0 - 0.6 * l,
+    "convex": lambda l: 1.0 / (1.0 + 2.0 * l),
+    "step": lambda l: np.where(l < 0.4, 1.0, 0.45),
+    "sigmoid": lambda l: 1.0 - 0.6 / (1.0 + np.exp(-12.0 * (l - 0.5))),
+}
+BASE_FAMILY = dict(levels=3, rate=0.1, lead=1, noise=0.03, curve="convex")
+FAMILIES = {
+    "base (3 levels, rate 0.1, lead 1, noise 3%, convex)": {},
+    "2 levels": dict(levels=2), "5 levels": dict(levels=5),
+    "rate 0.03": dict(rate=0.03), "rate 0.25": dict(rate=0.25),
+    "lead 2": dict(lead=2), "lead 0": dict(lead=0),
+    "noise 1%": dict(noise=0.01), "noise 6%": dict(noise=0.06),
+    "curve linear": dict(curve="linear"), "curve step": dict(curve="step"),
+    "curve sigmoid": dict(curve="sigmoid"),
+    "no signal": dict(lead=None), "no signal, rate 0.03": dict(lead=None, rate=0.03),
+}
+
+
+def family(seed, levels=3, rate=0.1, lead=1, noise=0.03, curve="convex", T=600, ranks=2):
+    """(rows, oracle MAPE %). Load switches at random (probability ``rate`` per iteration)
+    among ``levels`` levels in [0, 1]; speed = base g(load) exp(N(0, noise)); the reading
+    (cpu) shows the load ``lead`` iterations before the speed (None: a flat reading), plus
+    N(0, 3) noise; a second column is irrelevant. The oracle knows base, g and the loads
+    the readings reveal (load of t+1 when lead >= 1, else of t)."""
+    rng = np.random.default_rng(seed)
+    g = CURVES[curve]
+    rows, errs = [], []
+    for r in range(ranks):
+        base = rng.uniform(100, 300)
+        grid = np.linspace(0, 1, levels)
+        load = np.empty(T + 3)
+        load[0] = rng.choice(grid)
+        for t in range(1, T + 3):
+            load[t] = rng.choice(grid[grid != load[t - 1]]) if rng.random() < rate else load[t - 1]
+        speed = base * g(load[:T]) * np.exp(rng.normal(0, noise, T))
+        if lead is None:
+            cpu = 60 + rng.normal(0, 3, T)
+        else:
+            cpu = 20 + 70 * load[lead:lead + T] + rng.normal(0, 3, T)
+        other = 50 + rng.normal(0, 1, T)
+        rows += [(t, r, speed[t], cpu[t], other[t]) for t in range(T)]
+        known = load[1:T] if lead is not None and lead >= 1 else load[:T - 1]
+        oracle = base * g(known)
+        errs.append(np.abs(speed[1:] - oracle) / speed[1:])
+    return rows, float(100 * np.mean(np.concatenate(errs)))
+
+
 def ar1(seed, T=600, ranks=2, phi=0.8, noise=0.05):
     """Synthetic trace rows: speed = base (1 + x), x an AR(1) process; no exogenous signal."""
     rng = np.random.default_rng(seed)
