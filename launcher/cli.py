@@ -100,10 +100,17 @@ def cli(verbose):
                    "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
                    "(autoregressive); oracle knows the --emulate-slowdown schedule ahead "
                    "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
-@click.option("--time-model", type=click.Choice(["linear", "affine"]), default="linear",
+@click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
-                   "b / speed with a fitted fixed cost a per worker.")
+                   "b / speed with a fitted fixed cost a per worker; auto: affine, keeping "
+                   "the split equal unless an uneven one gains --threshold, once the fixed "
+                   "cost is half the time or more (tiny models), else linear.")
+@click.option("--exog", default="auto", show_default=True, metavar="COLS",
+              help="The predictor's exogenous inputs, from each worker's report: auto "
+                   "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "
+                   "of cpu_percent, mem_percent, others_cpu, ctx_invol, run_delay, "
+                   "cpu_pressure, steal, runq (see mxlbbsp/signals.py).")
 @click.option("--threshold", type=float, default=0.03, show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
@@ -146,7 +153,7 @@ def cli(verbose):
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
-           batch_range, lr_scaling, epochs, predictor, time_model, threshold,
+           batch_range, lr_scaling, epochs, predictor, time_model, exog, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items, remote_python,
            dry_run, command):
@@ -155,7 +162,7 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
-        threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        exog=exog, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,

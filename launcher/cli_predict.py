@@ -11,6 +11,7 @@ from typing import List
 import click
 
 from mxlbbsp import predictors as _pred
+from mxlbbsp import signals as _signals
 from mxlbbsp import trace as _trace
 
 from .config import ConfigError
@@ -37,9 +38,11 @@ Examples:
 TRACE_HELP = """Turn a metrics log (mxlbbsp launch --metrics) into a trace CSV.
 
 \b
-Writes iteration,rank,speed,cpu_percent,mem_percent, one row per worker per
-iteration, leaving out the first --skip iterations (iteration 0 builds
-graphs: its speed predicts nothing). A missing CPU or memory reading
+Writes iteration,rank,speed,cpu_percent,mem_percent and the contention
+signals the workers reported (others_cpu, ctx_invol, run_delay,
+cpu_pressure, steal, runq), one row per worker per iteration, leaving out
+the first --skip iterations (iteration 0 builds graphs: its speed predicts
+nothing). A missing CPU or memory reading
 becomes an empty value.
 
 \b
@@ -69,15 +72,24 @@ def _names(spec: str) -> List[str]:
 @click.argument("trace_path", metavar="TRACE.csv")
 @click.option("--predictors", "spec", default=DEFAULT_PREDICTORS, show_default=True,
               metavar="A,B,...", help="Predictors to compare, comma-separated.")
+@click.option("--exog", default="auto", show_default=True, metavar="COLS",
+              help="Exogenous columns the predictors see: auto (others_cpu,run_delay,"
+                   "cpu_pressure where the trace has them, else every column), all, none, "
+                   "or a comma-separated list of the trace's columns.")
 @click.option("--json", "as_json", is_flag=True,
               help='One JSON object on stdout: {"narx": {"mape": ..., "rmse": ..., '
                    '"per_rank": {...}}, ...}.')
-def predict(trace_path, spec, as_json):
+def predict(trace_path, spec, exog, as_json):
     names = _names(spec)
     try:
         trace = _trace.load(trace_path)
     except _trace.TraceError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        columns = _signals.parse_exog(exog, trace.exog_columns)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (the columns of {trace_path})") from None
+    trace = _trace.select(trace, columns)
     result = _trace.evaluate(trace, names)
     if as_json:
         out = {name: {"mape": r["mape"], "rmse": r["rmse"],
@@ -98,7 +110,7 @@ def predict(trace_path, spec, as_json):
 def _table(trace, names, result) -> str:
     ranks = sorted(trace.ranks)
     lines = [f"{trace.path}: {len(ranks)} rank(s), {trace.rows} rows; exogenous inputs: "
-             f"{', '.join(trace.exog_columns)}",
+             f"{', '.join(trace.exog_columns) or 'none'}",
              "one-step-ahead forecasts; the first row of each rank has none", "",
              f"{'predictor':<12}{'MAPE %':>9}{'RMSE':>12}{'forecasts':>11}{'fallbacks':>11}"]
     best = min(result[n]["mape"] for n in names)

@@ -16,7 +16,7 @@ import socket
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-from mxlbbsp import _env, modes, predictors
+from mxlbbsp import _env, modes, predictors, signals
 from mxlbbsp.coordinator import TIME_MODELS
 from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
 
@@ -169,7 +169,8 @@ class LaunchConfig:
     hostfile: Optional[str] = None
     sync: str = modes.DEFAULT
     predictor: str = "narx"
-    time_model: str = "linear"
+    time_model: str = "auto"
+    exog: str = "auto"                        # the predictor's inputs (--exog)
     threshold: float = 0.03
     max_batch_size: Optional[int] = None
     emulate_slowdown: Optional[str] = None
@@ -196,6 +197,8 @@ class LaunchConfig:
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
+    #: the report fields the predictor sees, from ``exog`` by validation
+    exog_columns: tuple = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self):
         self.command = list(self.command or [])
@@ -229,6 +232,10 @@ class LaunchConfig:
         if self.time_model not in TIME_MODELS:
             raise ConfigError(f"--time-model {self.time_model!r}: choose one of "
                               f"{', '.join(TIME_MODELS)}")
+        try:
+            self.exog_columns = signals.parse_exog(self.exog)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not 0 <= self.threshold < 1:
             raise ConfigError(f"--threshold {self.threshold}: must be in [0, 1), e.g. 0.03 "
                               "(keep the split unless the gain is 3% or more)")

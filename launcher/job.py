@@ -297,6 +297,7 @@ class Job:
         self.coordinator = Coordinator(CoordinatorConfig(
             num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
             predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
+            exog=cfg.exog_columns,
             max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
             slowdown=cfg.slowdown, sync_options=cfg.sync_options))
         try:

@@ -197,10 +197,11 @@ class Balancer:
     iteration by at least this fraction (the semi-dynamic rule; stops batch sizes jittering
     with prediction noise). ``min_batch`` >= 1: a worker with no samples would never push its
     gradient and the dist_sync servers would wait forever. ``max_batch``: per-worker caps
-    (memory), scalar or sequence; None for none.
+    (memory), scalar or sequence; None for none. ``prefer_equal``: see :meth:`_prefer_equal`.
     """
 
-    def __init__(self, threshold: float = 0.03, min_batch: int = 1, max_batch=None):
+    def __init__(self, threshold: float = 0.03, min_batch: int = 1, max_batch=None,
+                 prefer_equal: bool = False):
         if min_batch < 1:
             raise ValueError("min_batch must be >= 1")
         if not 0 <= threshold < 1:
@@ -208,6 +209,9 @@ class Balancer:
         self.threshold = float(threshold)
         self.min_batch = int(min_batch)
         self.max_batch = max_batch
+        #: prefer the equal split when it is within the threshold of the best (see
+        #: _prefer_equal); the coordinator turns it on while the fixed cost dominates
+        self.prefer_equal = bool(prefer_equal)
 
     def allocate(self, model: TimeModel, total: int,
                  current: Optional[Sequence[int]] = None) -> np.ndarray:
@@ -223,8 +227,26 @@ class Balancer:
             return new
         old_t, new_t = makespan(model, current), makespan(model, new)
         if old_t <= 0 or (old_t - new_t) / old_t < self.threshold:
-            return current
-        return new
+            new = current
+        return self._prefer_equal(model, total, new) if self.prefer_equal else new
+
+    def _prefer_equal(self, model: TimeModel, total: int, chosen: np.ndarray) -> np.ndarray:
+        """The equal split when it is predicted within ``threshold`` of ``chosen``.
+
+        When the fixed cost dominates, every split takes about as long, and prediction noise
+        alone would walk the split to an extreme (63:1 on two equal workers); this pulls it
+        back to equal whenever an uneven split does not buy at least the threshold.
+        """
+        n = len(chosen)
+        if total < n * self.min_batch:
+            return chosen
+        equal = equal_split(total, n)
+        if self.max_batch is not None and np.any(equal > np.asarray(self.max_batch)):
+            return chosen
+        eq_t, ch_t = makespan(model, equal), makespan(model, chosen)
+        if eq_t <= 0 or (eq_t - ch_t) / eq_t < self.threshold:
+            return equal
+        return chosen
 
 
 class AffineFit:
@@ -247,6 +269,13 @@ class AffineFit:
         self._t = np.full((num_workers, window), np.nan)
         self._next = 0
         self.intercept = np.zeros(num_workers)
+        #: fitted intercept / mean time of the window, per worker, in [0, 1] (0 until fitted)
+        self.share = np.zeros(num_workers)
+        #: fitted seconds per sample, per worker (NaN until fitted; may be <= 0: noise)
+        self.slope = np.full(num_workers, np.nan)
+        #: the window's mean batch and mean time per worker
+        self.mean_batch = np.full(num_workers, np.nan)
+        self.mean_time = np.full(num_workers, np.nan)
 
     def observe(self, batch, seconds) -> None:
         col = self._next % self.window
@@ -268,9 +297,17 @@ class AffineFit:
             intercept = mt - slope * mb
             spread = np.sqrt(sbb / count) / mb
         tmin = np.where(valid, t, np.inf).min(axis=1)
-        ok = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept) & (slope > 0)
-        self.intercept = np.where(ok, np.clip(intercept, 0.0, self.max_share * tmin),
+        fitted = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept)
+        # A time that does not grow with the batch (slope <= 0 within the noise): all of it
+        # is fixed cost, as far as this window can tell; clamped below like any estimate.
+        intercept = np.where(slope > 0, intercept, mt)
+        self.intercept = np.where(fitted, np.clip(intercept, 0.0, self.max_share * tmin),
                                   self.intercept)
+        # the share of the mean time that the fit calls fixed, before the clamp (which
+        # depends on the fastest iteration and so on the noise)
+        self.share = np.where(fitted, np.clip(intercept / mt, 0.0, 1.0), self.share)
+        self.slope = np.where(fitted, slope, self.slope)
+        self.mean_batch, self.mean_time = mb, mt
 
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""

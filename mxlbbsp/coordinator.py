@@ -36,10 +36,15 @@ from . import metrics as _metrics
 from . import modes as _modes
 from . import predictors as _pred
 from . import protocol as P
+from . import signals as _signals
 
 log = logging.getLogger(__name__)
 
-TIME_MODELS = ("linear", "affine")
+TIME_MODELS = ("auto", "linear", "affine")
+#: ``auto``: the affine model once the fitted fixed cost is at least FIXED_SHARE[1] of the
+#: workers' time (median over workers), back to linear below FIXED_SHARE[0] (hysteresis: the
+#: fit is noisy on tiny models)
+FIXED_SHARE = (0.3, 0.5)
 
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
@@ -54,7 +59,8 @@ class CoordinatorConfig:
     token: str
     sync: str = "lbbsp"
     predictor: str = "narx"
-    time_model: str = "linear"
+    time_model: str = "auto"
+    exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
     threshold: float = 0.03
     max_batch: Optional[int] = None       # per-worker cap from the command line
     metrics_path: Optional[str] = None
@@ -113,9 +119,13 @@ class Coordinator:
         options = {}
         if getattr(_pred.predictor_class(config.predictor), "needs_schedules", False):
             options["schedules"] = config.slowdown
-        self._predictor = _pred.create(config.predictor, n, **options)
+        self._predictor = _pred.create(config.predictor, n, max(len(config.exog), 1), **options)
         self._fit = _bal.AffineFit(n)
-        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch)
+        # auto time model: prefer the equal split whenever an uneven one does not gain the
+        # threshold (see balancer.Balancer._prefer_equal)
+        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch,
+                                       prefer_equal=config.time_model == "auto")
+        self._fixed_dominates = False                # auto: the fixed cost dominates
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
@@ -459,28 +469,33 @@ class Coordinator:
         n = self.config.num_workers
         batch = np.array([reports[r]["batch_size"] for r in range(n)], dtype=float)
         compute = np.array([reports[r]["compute_s"] for r in range(n)], dtype=float)
-        exog = np.array([[_nan(reports[r].get("cpu_percent")), _nan(reports[r].get("mem_percent"))]
+        exog = np.array([[_nan(reports[r].get(c)) for c in self.config.exog] or [np.nan]
                          for r in range(n)])
         next_B = reports[0].get("next_global_batch")
         if t < self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
             return
-        affine = self.config.time_model == "affine"
-        if affine:
+        kind = self.config.time_model
+        if kind != "linear":
             self._fit.observe(batch, compute)
-            fixed = np.minimum(self._fit.intercept, 0.8 * compute)
+        if kind == "auto":
+            share = float(np.median(self._fit.share))
+            self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
+        if kind == "auto" and self._fixed_dominates:
+            model = self._fixed_cost_model(t, batch, compute, exog)
         else:
-            fixed = np.zeros(n)
-        # The predictor sees the batch-invariant (marginal) speed; with the linear model it
-        # is simply batch / compute time.
-        if hasattr(self._predictor, "advance"):
-            self._predictor.advance(t)
-        self._predictor.observe(batch / (compute - fixed), exog)
-        marginal = self._predictor.predict()
-        bad = ~(np.isfinite(marginal) & (marginal > 0))
-        marginal = np.where(bad, batch / (compute - fixed), marginal)
-        model = _bal.TimeModel(marginal, fixed)
+            fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
+                else np.zeros(n)
+            # The predictor sees the batch-invariant (marginal) speed; with the linear model
+            # it is simply batch / compute time.
+            if hasattr(self._predictor, "advance"):
+                self._predictor.advance(t)
+            self._predictor.observe(batch / (compute - fixed), exog)
+            marginal = self._predictor.predict()
+            bad = ~(np.isfinite(marginal) & (marginal > 0))
+            marginal = np.where(bad, batch / (compute - fixed), marginal)
+            model = _bal.TimeModel(marginal, fixed)
 
         if next_B is None:
             return
@@ -498,6 +513,26 @@ class Coordinator:
         # What the predictor expects each worker's observed speed to be at t+1.
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
         self._predictor.learn()     # training, after the broadcast: off the critical path
+
+    def _fixed_cost_model(self, t, batch, compute, exog) -> _bal.TimeModel:
+        """``auto`` while the fixed cost dominates (tiny models): the fitted line of each
+        worker's window (t_i(b) = a_i + c_i b through its mean batch and mean time), not
+        one-step forecasts, whose noise alone (+-30 % on a 5 ms iteration) would move the
+        split to an extreme every few iterations. A non-positive slope (time does not grow
+        with the batch, within the noise) counts as 1 % of the time per mean batch, so that
+        moving samples gains little and the split stays equal (prefer_equal) unless a
+        worker is clearly slower. The predictor still observes (whole-time speeds), so
+        that it is warm if the job leaves this regime."""
+        if hasattr(self._predictor, "advance"):
+            self._predictor.advance(t)
+        self._predictor.observe(batch / compute, exog)
+        fit = self._fit
+        mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
+        mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
+        floor = 0.01 * mean_t / mean_b
+        slope = np.where(np.isfinite(fit.slope), np.maximum(fit.slope, floor), floor)
+        slope = np.minimum(slope, mean_t / mean_b)
+        return _bal.TimeModel(1.0 / slope, mean_t - slope * mean_b)
 
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])
@@ -538,6 +573,7 @@ class Coordinator:
             "global_batch": report.get("global_batch"),
             "lr_factor": report.get("lr_factor", 1.0),
             **self._policy.record_fields(t),
+            **{name: report.get(name) for name in _signals.NAMES if name in report},
         }
 
     def _flush_records(self, final: bool = False) -> None:

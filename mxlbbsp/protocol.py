@@ -6,7 +6,9 @@ coordinator closes any connection whose first line is not a ``hello`` with the r
 worker -> coordinator
     hello   {rank, token, pid, host, global_batch_size, dataset_size, max_batch_size}
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
-             next_global_batch}       sent when iteration t's gradients are ready
+             next_global_batch[, others_cpu, ctx_invol, run_delay, cpu_pressure, steal,
+             runq]}                   sent when iteration t's gradients are ready; the
+                                      optional contention signals: mxlbbsp.signals
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
     bye     {iteration}               the worker's training ended after ``iteration`` (its
                                       last; -1: none, absent: an older worker)
@@ -87,11 +89,15 @@ def hello(rank: int, token: str, pid: int, host: str, global_batch_size: int,
 
 
 def report(iteration: int, batch_size: int, compute_s: float, cpu_percent: float,
-           mem_percent: float, slowdown: float, next_global_batch: Optional[int]) -> Dict[str, Any]:
-    return {"type": REPORT, "iteration": iteration, "batch_size": batch_size,
-            "compute_s": _finite(compute_s), "cpu_percent": _finite(cpu_percent),
-            "mem_percent": _finite(mem_percent), "slowdown": slowdown,
-            "next_global_batch": next_global_batch}
+           mem_percent: float, slowdown: float, next_global_batch: Optional[int],
+           signals: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+    msg = {"type": REPORT, "iteration": iteration, "batch_size": batch_size,
+           "compute_s": _finite(compute_s), "cpu_percent": _finite(cpu_percent),
+           "mem_percent": _finite(mem_percent), "slowdown": slowdown,
+           "next_global_batch": next_global_batch}
+    for name, value in (signals or {}).items():    # optional fields; NaN travels as null
+        msg[name] = _finite(value)
+    return msg
 
 
 def done(iteration: int, wait_s: float, sync_s: float, iteration_s: float) -> Dict[str, Any]:

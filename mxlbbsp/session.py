@@ -37,6 +37,7 @@ from . import _env
 from . import balancer as _bal
 from . import modes as _modes
 from . import protocol as P
+from . import signals as _signals
 from .slowdown import Schedule
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class Session:
         self._granted = -1                # r2sp: the last iteration granted a push slot
         self._untimed = 0.0               # seconds inside untimed() since the last step
         self._compute = 0.0
+        self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
         addr = _env.coordinator(env)
         if addr is None:
@@ -164,6 +166,8 @@ class Session:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         _host_load()  # the first CPU reading only starts psutil's interval
+        self._signals = _signals.Signals()
+        self._signals.begin()
         hello = P.hello(self.rank, token, os.getpid(), self.host, self.global_batch_size,
                         dataset_size, max_batch_size)
         hello["min_global_batch"] = int(min_global_batch)
@@ -332,7 +336,7 @@ class Session:
         if self.coordinated:
             cpu, mem = _host_load()
             msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
-                           self.next_global_batch())
+                           self.next_global_batch(), self._signals.read())
             msg["global_batch"] = self.batch_global
             lr = self.lr_factor()
             if lr != 1.0:
@@ -369,6 +373,7 @@ class Session:
         iteration_s = now - self._t_end
         self._t_end = now
         if self.coordinated:
+            self._signals.begin()       # the next compute phase starts now
             self._send(P.done(self.iteration, self._alloc_wait + self._slot_wait + sync, sync,
                               iteration_s))
         self._slot_wait = 0.0

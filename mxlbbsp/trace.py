@@ -39,6 +39,7 @@ import numpy as np
 
 from . import metrics as _metrics
 from . import predictors as _pred
+from . import signals as _signals
 
 COLUMNS = ("iteration", "rank", "speed", "cpu_percent", "mem_percent")
 MIN_ROWS = 3 + max(_pred.narx.D_Y, _pred.narx.D_X, _pred.ar.P_ORDER)
@@ -179,6 +180,17 @@ def _number(text: str, path: str, line: int, column: str, required: bool = False
                          "delete that row (an empty value means 'not measured')") from None
 
 
+def select(trace: Trace, columns: Sequence[str]) -> Trace:
+    """The same trace with only the named exogenous columns, in that order (at least one:
+    with none, one all-NaN column, which the predictors treat as "not measured")."""
+    index = [trace.exog_columns.index(c) for c in columns]
+    ranks = {}
+    for rank, s in trace.ranks.items():
+        exog = s.exog[:, index] if index else np.full((len(s.speed), 1), np.nan)
+        ranks[rank] = RankSeries(s.iteration, s.speed, exog)
+    return Trace(trace.path, list(columns), ranks)
+
+
 def forecasts(name: str, series: RankSeries, **options) -> tuple:
     """Replay one rank: (forecast of each row, NaN for the first; fallbacks counted)."""
     m, E = series.exog.shape
@@ -250,16 +262,18 @@ def from_metrics(metrics_path: str, trace_path: str, skip: int = 1) -> int:
         if not isinstance(speed, (int, float)) or not speed > 0:
             continue
         rows.append((int(rec["iteration"]), int(rec["rank"]), float(speed),
-                     _cell(rec.get("cpu_percent")), _cell(rec.get("mem_percent"))))
+                     _cell(rec.get("cpu_percent")), _cell(rec.get("mem_percent")), rec))
     if not rows:
         raise TraceError(f"{metrics_path}: no records with a speed after iteration {skip - 1}")
     rows.sort(key=lambda r: (r[0], r[1]))
+    extra = [c for c in _signals.NAMES if any(c in r[5] for r in rows)]
     try:
         with open(trace_path, "w", newline="") as fh:
             writer = csv.writer(fh)
-            writer.writerow(COLUMNS)
-            for it, rank, speed, cpu, mem in rows:
-                writer.writerow([it, rank, repr(speed), cpu, mem])
+            writer.writerow(COLUMNS + tuple(extra))
+            for it, rank, speed, cpu, mem, rec in rows:
+                writer.writerow([it, rank, repr(speed), cpu, mem]
+                                + [_cell(rec.get(c)) for c in extra])
     except OSError as exc:
         raise TraceError(f"cannot write {trace_path}: {exc.strerror}") from None
     return len(rows)

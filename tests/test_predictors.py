@@ -1,13 +1,21 @@
-"""The speed predictors on known dynamics: NARX (with its fallbacks) and the AR(p) baseline.
+"""The speed predictors on known dynamics: NARX (with its fallbacks), the first NARX
+(narx-adam) and the AR(p) baseline.
 
 Seeded synthetic series; no processes. The coordinator's contract is checked too: one
-``observe`` + ``predict`` per iteration for all workers at once (vectorised).
+``observe`` + ``predict`` per iteration for all workers at once (vectorised). NARX's recursive
+least squares is checked against np.linalg.lstsq.
 """
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from mxlbbsp import predictors
-from mxlbbsp.predictors import narx
+from mxlbbsp.predictors import narx, narx_adam
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import predictors as bench  # noqa: E402  (benchmarks/predictors.py: the trace generators)
 
 
 def replay(name, speed, exog, **options):
@@ -63,11 +71,11 @@ def test_narx_warmup_forecasts_the_last_value():
     assert p.fallbacks.sum() == 0
 
 
-def test_narx_absurd_forecast_falls_back_and_is_counted():
+def test_narx_adam_absurd_forecast_falls_back_and_is_counted():
     y, x = arx_series(seed=1, T=200)
     y = np.repeat(y, 2, axis=1)
     x = np.repeat(x, 2, axis=1)
-    p = predictors.create("narx", 2, 2)
+    p = predictors.create("narx-adam", 2, 2)
     for t in range(100):
         p.observe(y[t], x[t])
     assert p.fallbacks.sum() == 0
@@ -81,15 +89,47 @@ def test_narx_absurd_forecast_falls_back_and_is_counted():
     assert 0.5 * y[:101, 0].min() < forecast[0] < 2 * y[:101, 0].max()
 
 
-def test_narx_non_finite_numbers_fall_back_and_are_counted():
+def test_narx_absurd_forecast_falls_back_and_is_counted():
+    y, x = arx_series(seed=1, T=200)
+    y = np.repeat(y, 2, axis=1)
+    x = np.repeat(x, 2, axis=1)
+    p = predictors.create("narx", 2, 2)
+    for t in range(100):
+        p.observe(y[t], x[t])
+        p.learn()
+    assert p.fallbacks.sum() == 0
+    # Fault injection: worker 1's output bias becomes huge (a forecast of e^(1e8) times its
+    # speed): its network's forecast is replaced by the last value, and counted.
+    p._theta[1, 0] = 1e9
+    p.observe(y[100], x[100])
+    forecast = p.predict()
+    assert p.fallbacks.tolist() == [0, 1]
+    assert p._cand[1, 0] == y[100, 1]
+    for i in (0, 1):
+        assert 0.5 * y[:101, i].min() < forecast[i] < 2 * y[:101, i].max()
+
+
+def test_narx_adam_non_finite_numbers_fall_back_and_are_counted():
     # Speeds at the edge of float64: the running statistics overflow, every forecast of the
     # network is NaN or inf, and the predictor must keep answering the last speed.
-    p = predictors.create("narx", 1, 2)
-    speeds = [1e300 if t % 2 else 1e-300 for t in range(narx.WARMUP + 10)]
+    p = predictors.create("narx-adam", 1, 2)
+    speeds = [1e300 if t % 2 else 1e-300 for t in range(narx_adam.WARMUP + 10)]
     for s in speeds:
         p.observe([s], [[50.0, 40.0]])
         assert p.predict()[0] == s
     assert p.fallbacks[0] >= 9
+
+
+def test_narx_non_finite_numbers_give_finite_forecasts():
+    # Speeds at the edge of float64 (log-ratios of +-1380): every forecast stays finite,
+    # positive and within the speeds seen, and the fit stays finite.
+    p = predictors.create("narx", 1, 2)
+    speeds = [1e300 if t % 2 else 1e-300 for t in range(narx.WARMUP + 30)]
+    for s in speeds:
+        p.observe([s], [[50.0, 40.0]])
+        f = p.predict()[0]
+        assert np.isfinite(f) and 1e-300 <= f <= 1e300
+    assert np.isfinite(p._theta).all()
 
 
 def test_narx_missing_exogenous_values_are_carried_forward():
@@ -128,8 +168,9 @@ def test_narx_workers_are_independent():
     assert not np.allclose(changed[70:, 0], base[70:, 0])
 
 
-def test_narx_checks_the_number_of_exogenous_columns():
-    p = predictors.create("narx", 2, 3)
+@pytest.mark.parametrize("name", ["narx", "narx-adam"])
+def test_narx_checks_the_number_of_exogenous_columns(name):
+    p = predictors.create(name, 2, 3)
     with pytest.raises(ValueError, match="exogenous"):
         p.observe([1.0, 2.0], [[1.0, 2.0], [3.0, 4.0]])
 
@@ -172,3 +213,40 @@ def test_narx_forecasts_do_not_depend_on_when_learn_is_called():
         lazy.observe(y, x)
         np.testing.assert_allclose(eager.predict(), lazy.predict(), rtol=1e-12)
     assert eager._count > eager.warmup    # the network, not the warm-up, made the forecasts
+
+
+def test_narx_rls_is_the_least_squares_fit():
+    """With lam = 1 and no error clipping, RLS's theta after k pairs is the ridge solution
+    (Phi'Phi + I / delta)^-1 Phi' r over those k pairs: checked against np.linalg.lstsq on
+    the augmented system [Phi; I / sqrt(delta)] theta = [r; 0]."""
+    y, x = arx_series(seed=8, T=120)
+    delta = 50.0
+    p = predictors.create("narx", 1, 2, lam=1.0, delta=delta, clip_err=1e300)
+    phis, ly = [], np.log(y[:, 0])
+    for t in range(len(y)):
+        p.observe(y[t], x[t])
+        p.learn()
+        phis.append(p._phi[0].copy())
+    Phi = np.array(phis[:-1])                               # phi_t pairs with r_{t+1}
+    r = (ly[1:] - ly[:-1]) / narx.SCALE
+    F = Phi.shape[1]
+    A = np.vstack([Phi, np.eye(F) / np.sqrt(delta)])
+    b = np.concatenate([r, np.zeros(F)])
+    expected, *_ = np.linalg.lstsq(A, b, rcond=None)
+    np.testing.assert_allclose(p._theta[0], expected, rtol=1e-6, atol=1e-8)
+
+
+def test_narx_learns_a_load_speed_curve_in_tens_of_iterations():
+    """Load switches among 3 levels; the reading shows the next iteration's load; speed is a
+    convex function of it with 3 % noise. From iteration 60 on, NARX must be far better than
+    the last value (which misses every switch) and than the first, slowly trained NARX."""
+    rows, _ = bench.family(seed=7, T=160, ranks=1)
+    y = np.array([[r[2]] for r in rows])
+    x = np.array([[r[3:]] for r in rows])
+    window = slice(60, 160)
+
+    def mape(name):
+        f, _ = replay(name, y, x)
+        return float(np.mean(np.abs(f[window] - y[window]) / y[window]))
+    assert mape("narx") <= 0.6 * mape("last")
+    assert mape("narx") < 0.8 * mape("narx-adam")

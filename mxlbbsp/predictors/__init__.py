@@ -1,7 +1,7 @@
 """Speed predictors behind one interface (:class:`Predictor`) and a registry by name."""
 from ._api import Predictor, available, create, predictor_class, register
 from . import simple  # noqa: F401  (registers last, ema)
-from . import ar, narx  # noqa: F401  (registers ar, narx)
+from . import ar, narx, narx_adam  # noqa: F401  (registers ar, narx, narx-adam)
 from . import oracle  # noqa: F401  (registers oracle: benchmarks only)
 
 __all__ = ["Predictor", "available", "create", "predictor_class", "register"]

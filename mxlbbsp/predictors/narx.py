@@ -1,77 +1,60 @@
-"""NARX: a small nonlinear autoregressive network with exogenous inputs, trained online.
+"""NARX: nonlinear autoregression with exogenous inputs, output layer fitted by recursive
+least squares over fixed random tanh features (a random-feature / extreme-learning NARX).
 
-Worker i's speed at t+1 is forecast from tapped delay lines of its own past speeds y and of
-its host's load x (cpu_percent, mem_percent and any further exogenous columns, E in all)::
+Worker i's log speed, one step ahead, in units of S = 0.1 (10 %)::
 
-    z_t   = [ y~_t .. y~_{t-dy+1} ,  x~_t .. x~_{t-dx+1} ]          (D = dy + dx*E inputs)
-    h_t   = tanh(W1 z_t + b1)                                       (H hidden units)
-    r_t   = w2 . h_t + v . z_t + b2                                 (linear output)
-    net_{t+1} = y_t + s_y * r_t
-    y^_{t+1}  = w net_{t+1} + (1 - w) y_t,   w = e_last^2 / (e_net^2 + e_last^2)
+    x~_t  = clip((x_t - m_x) / s_x, +-CLIP)          E exogenous columns, running mean / sd
+    u_t   = [x~_t, x~_{t-1}, .., x~_{t-dx+1}]         (dx*E inputs)
+    phi_t = [1,  (ly_t - m_y)/S,  (ly_{t-k} - ly_t)/S for k = 1..dy-1,  u_t,  tanh(u_t W + c)]
+    r_t   = theta . phi_t                             forecast of (ly_{t+1} - ly_t) / S
+    net_{t+1} = y_t exp(S r_t)
 
-``y~ = (y - m_y) / s_y`` and ``x~ = (x - m_x) / s_x`` use per-worker running means and
-standard deviations (cumulative for the first ``norm_window`` observations, exponentially
-weighted after); a load reading enters clipped to m_x +- 4 s_x. The network forecasts the
-normalised *change* r_t, so an untrained network (w2 ~ 0, v = 0) forecasts the last value;
-``v . z`` is a direct linear (ARX) path beside the tanh layer. The last line weighs the
-network against the last value by their running mean absolute percentage errors e over the
-last ~``gate_window`` iterations (a Bates-Granger forecast combination, computed from the past
-only): while the network is no better than last value, it gets little say.
+``ly = log(speed)``, ``m_y`` its slow running mean. W (dx*E x H) and c are drawn once
+(seeded, the same for every worker) and never trained: only theta, the output layer, is
+learnt, which makes the fit linear in its parameters and solvable exactly at every step by
+recursive least squares (RLS) with forgetting factor lam::
 
-Training is online and series-parallel (teacher forcing: the inputs are observed speeds, never
-the network's own forecasts). Every observation adds the pair (z_{t-1}, y_t) to a per-worker
-replay window of the last ``window`` pairs; then ``steps`` Adam steps follow, each on a
-minibatch of ``batch`` pairs (the newest and ``batch - 1`` drawn from the window), minimising
-``mean sqrt(err^2 + huber^2) + decay |theta|^2``, i.e. ~ the mean *absolute* error of r: MAPE
-is what the balancer pays for, and squared error chases the jumps that nobody can predict.
-Raw values are kept in the window and normalised at each step with the current statistics
-(folded into the first layer: ``zn W1 = z (W1 / s) - (m / s) W1``), so old pairs never go
-stale. The forecast of t+1 comes out of the same forward pass, from the parameters before the
-step.
+    k     = P phi / (lam + phi' P phi)
+    theta = theta + k e,            e = clip(r - theta . phi, +-CLIP_ERR * running |e|)
+    P     = (P - k phi' P) / lam    (not divided while trace(P) > MAX_TRACE: no wind-up)
 
-Everything is vectorised over workers: the parameters of all n networks are one (n, P) array,
-a step is a few batched matmuls of shape (n, batch, D+1) x (n, D+1, H), the minibatch slots
-are the same for all workers, and worker i's numbers never depend on worker j's (``NARX(n)``
-computes what n separate ``NARX(1)`` compute).
+from theta = 0 (the last value) and P = DELTA I (a ridge prior towards it). With lam = 1,
+theta is exactly the ridge least-squares solution over all pairs so far (checked against
+np.linalg.lstsq in tests/test_predictors.py). Each new pair moves the whole fit at once,
+so the relation between load and speed is learnt in tens of iterations (one Adam step per
+iteration, the first NARX's way, needed hundreds: narx_adam.py). The error clip keeps one
+unpredictable jump from dragging theta away (a robust, Huber-like RLS).
 
-Fallbacks (the forecast is the last observed speed instead):
-  * warm-up: the first ``warmup`` observations (not counted as a fallback);
-  * a non-finite forecast, one <= 0, or one outside ``[lo - M, hi + M]``,
-    ``M = max(hi - lo, hi / 2)``, ``lo, hi`` the extreme speeds of the worker's replay window:
-    counted in ``fallbacks[i]``. A network whose parameters became non-finite starts afresh.
-Missing exogenous values (NaN, e.g. psutil gave None) carry the worker's last finite value
-forward; before the first one they sit at the running mean (0 once normalised). A NaN or
-non-positive speed repeats the last speed, and its pair is not trained on.
+Why these features: the speed is typically a nonlinear function of the load of the next
+iteration (the reading may lead the speed by 0-2 iterations), so ``u`` holds dx = 2 lags of
+the readings and the tanh units give a nonlinear basis over them; the level term with its
+coefficient near -1 lets the fit forecast the denoised level (m_y + h(x)) rather than the
+noisy last speed; the lag differences give it AR dynamics.
 
-Hyperparameters, chosen by measurement (``python benchmarks/predictors.py --variants``, table in
-benchmarks/results/predictors.md): one-step MAPE of NARX / MAPE of the best of last-value and
-EMA on the same trace (< 1: NARX better). "lead": load switches that show in cpu_percent one
-iteration early; "no signal": switches with a flat cpu_percent; "AR(1)": a smooth random
-speed (means over 5 seeds, 600 iterations x 2 ranks each); "real": the three traces recorded on
-the shared 2-core machine with benchmarks/record_traces.py (cnn / resnet20 bsp / resnet20
-lbbsp)::
+The forecast is then weighed against the two simple ones, last value and EMA (alpha 0.5),
+by their running mean absolute percentage errors e_j over ~``gate_window`` iterations
+(computed from the past only)::
 
-    variant                               lead  no signal  AR(1)  real
-    chosen (below)                        0.48  1.01       0.97   1.02 / 0.99 / 1.01
-    squared error, no weighing (plain)    0.46  1.26       0.99   1.05 / 1.21 / 1.12
-    abs. error, no weighing               0.44  1.10       1.00   1.04 / 1.08 / 1.09
-    hard switch net / last value          0.43  1.00       1.00   1.05 / 1.01 / 1.06
-    squared error, soft weighing          0.51  1.03       0.97   1.02 / 1.01 / 1.02
-    2 steps per iteration (lr 0.01)       0.44  1.00       0.97   1.04 / 0.99 / 1.01
-    H 4 or 16, window 64 or 256, d_y 2 or 5, d_x 2, lr 0.01, decay 1e-2, warm-up 5:
-                                          within +-0.09 of the chosen one, none better on all
+    y^_{t+1} = sum_j w_j f_j,     w_j ~ e_j^-GATE_POWER
 
-The loss and the weighing decide; the sizes barely matter. Chosen: d_y = 3, d_x = 1, H = 8,
-window 128, batch 32, one Adam step per iteration with lr 0.02, decay 1e-3, warm-up 20: a
-second step buys ~0.04 on "lead" for ~70 % more time. On the real traces nobody beats EMA by
-more than a few percent: their speed noise is +-15 % per iteration and the host's
-cpu_percent stays at 100 % while the 2 cores are oversubscribed (see record_traces.py).
+so that on series with nothing to learn, NARX is no worse than the better baseline, and where
+the network is clearly better (e 2x smaller) it gets ~94 % of the weight.
 
-Cost of one observe() + predict() for n workers (median CPU time; numpy 1.23, OpenBLAS with
-one thread; the 2-core machine was shared, load average 2-4, and the figures moved by up to
-40 % between runs): n = 1: 0.15-0.23 ms; 16: 0.21-0.31 ms; 256: 0.9-1.6 ms (4-6 us per
-worker); 1024: 4.0-6.8 ms. Most of it is per-worker overhead of numpy's batched matmul on
-tiny matrices and a fixed ~0.15 ms of numpy calls.
+Training is series-parallel (inputs are observed speeds) and off the critical path:
+``observe`` forecasts with theta before the newest pair; ``learn`` (or the next observe)
+folds that pair in. Vectorised over workers: theta (n, F), P (n, F, F), and worker i's
+numbers never depend on worker j's.
+
+Fallbacks (the forecast is the last observed speed): the first ``warmup`` observations (not
+counted); a non-finite, non-positive or absurd network forecast (outside [lo - M, hi + M],
+M = max(hi - lo, hi/2), lo/hi the extreme speeds of the last ``window``), counted in
+``fallbacks``. A worker whose theta or P became non-finite starts afresh. Missing exogenous
+values (NaN) carry the last finite value forward (the running mean before the first). A NaN
+or non-positive speed repeats the last one, and its pair is not learnt.
+
+Hyperparameters were chosen on the generator families of benchmarks/predictors.py with
+tuning seeds that differ from the reported ones (``--tune``); the table is in
+benchmarks/results/predictors.md.
 """
 from __future__ import annotations
 
@@ -79,91 +62,89 @@ import numpy as np
 
 from ._api import Predictor, register
 
-#: default hyperparameters (see the module docstring for how they were chosen)
-D_Y = 3          # speed delay line
-D_X = 1          # exogenous delay line (per exogenous column)
-HIDDEN = 8       # tanh units
-WINDOW = 128     # replay window (pairs per worker)
-BATCH = 32       # pairs per training step, drawn from the window
-STEPS = 1        # training steps per observation
-LR = 0.02        # Adam step size
-DECAY = 1e-3     # L2 penalty on the parameters
-HUBER = 0.02     # pseudo-Huber width (normalised units): the loss is ~|error| beyond it
-WARMUP = 20      # observations before the network's forecasts are used
-GATE_WINDOW = 50  # horizon of the running errors that weigh network against last value
-NORM_WINDOW = 200  # horizon of the running normalisation statistics
-CLIP = 4.0       # a load reading enters clipped to its running mean +- CLIP deviations
-ADAM = (0.9, 0.999, 1e-8)
+D_Y = 2          # speed lags (the level, and dy - 1 differences)
+D_X = 2          # exogenous lags (per column)
+KNOTS = ()       # tanh units per input, centred here (normalised units)
+SHARPNESS = 3.0  # their slope
+BANDWIDTH = 0.3  # kernel unit: Gaussian width in normalised input units (0: no kernel unit)
+MEMORY = 128     # kernel unit: pairs remembered per worker
+LINEAR_X = True  # the readings themselves are inputs of the output layer too
+RECENCY = 0.99   # kernel unit: weight of a pair decays by this per iteration of age
+LAMBDA = 0.995   # RLS forgetting factor
+DELTA = 1.0      # prior: P0 = DELTA I (ridge 1/DELTA towards the last value)
+MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not vary)
+CLIP_ERR = 3.0   # an RLS error is clipped to this many running mean |errors|
+WARMUP = 3       # observations before the network is used
+GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
+GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
+NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
+CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
+WINDOW = 64      # speeds kept for the sanity range
+SCALE = 0.1      # log-speed unit of the features and the target
 
 
 @register("narx")
 class NARX(Predictor):
-    """Online NARX network per worker (see the module docstring for the model)."""
+    """Random-feature NARX with an RLS output layer, per worker (see the module docstring)."""
 
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
-                 hidden: int = HIDDEN, window: int = WINDOW, batch: int = BATCH,
-                 steps: int = STEPS, lr: float = LR, decay: float = DECAY,
-                 huber: float = HUBER, warmup: int = WARMUP, gate: str = "soft",
-                 gate_window: int = GATE_WINDOW, norm_window: int = NORM_WINDOW,
-                 loss: str = "l1", seed: int = 0):
+                 knots=KNOTS, sharpness: float = SHARPNESS, bandwidth: float = BANDWIDTH,
+                 memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,
+                 clip_err: float = CLIP_ERR, warmup: int = WARMUP,
+                 gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
+                 norm_window: int = NORM_WINDOW, window: int = WINDOW,
+                 ):
         super().__init__(num_workers, num_exog)
-        if d_y < 1 or d_x < 0 or hidden < 1 or window < 1 or batch < 1 or steps < 0 \
-                or warmup < 0 or gate_window < 1 or norm_window < 1:
-            raise ValueError("narx: d_y, hidden, window, batch, gate_window, norm_window >= 1; "
-                             "d_x, steps, warmup >= 0")
-        if not lr > 0 or decay < 0 or not huber > 0:
-            raise ValueError("narx: lr > 0, decay >= 0, huber > 0")
-        if gate not in ("none", "hard", "soft") or loss not in ("l1", "mse"):
-            raise ValueError("narx: gate is none, hard or soft; loss is l1 or mse")
-        self.d_y, self.d_x, self.hidden = int(d_y), int(d_x), int(hidden)
-        self.window, self.batch, self.steps = int(window), int(batch), int(steps)
-        self.lr, self.decay, self.huber = float(lr), float(decay), float(huber)
-        self.warmup, self.gate, self.gate_window = int(warmup), gate, int(gate_window)
-        self.norm_window, self.loss = int(norm_window), loss
-        n, E, H, B = self.num_workers, self.num_exog, self.hidden, self.batch
-        D = self._D = self.d_y + self.d_x * E
-        # One row of theta per worker: W1 (D*H) | b1 (H) | w2 (H) | b2 (1) | v (D)
-        sizes = (D * H, H, H, 1, D)
-        ends = np.cumsum(sizes)
-        self._slices = [slice(e - k, e) for k, e in zip(sizes, ends)]
-        rng = np.random.default_rng(seed)
-        init = np.zeros(ends[-1])
-        init[self._slices[0]] = rng.normal(0.0, 1.0 / np.sqrt(D), D * H)
-        init[self._slices[2]] = rng.normal(0.0, 0.1 / np.sqrt(H), H)
-        self._init = init                          # every worker starts from the same network
-        self._theta = np.tile(init, (n, 1))
-        self._m1 = np.zeros_like(self._theta)      # Adam moments and per-worker step count
-        self._m2 = np.zeros_like(self._theta)
-        self._adam_steps = np.zeros((n, 1))
-        self._rng = np.random.default_rng(seed + 1)   # minibatch draws, shared by all workers
-        # running mean / variance of speed (column 0) and exogenous inputs (1..E)
-        self._mean = np.zeros((n, 1 + E))
-        self._var = np.zeros((n, 1 + E))
-        self._seen = np.zeros((n, 1 + E))
-        self._centre = np.zeros((n, D))            # per input, from the statistics
-        self._inv = np.ones((n, D))                # 1 / scale per input
-        # delay lines in raw units, most recent first: z_t = [y lags | x lags (lag-major)]
-        self._z = np.full((n, D), np.nan)
+        if d_y < 1 or d_x < 0 or warmup < 0 or gate_window < 1 \
+                or norm_window < 1 or window < 1:
+            raise ValueError("narx: d_y, gate_window, norm_window, window >= 1; d_x, hidden, "
+                             "warmup >= 0")
+        if not 0 < lam <= 1 or not delta > 0 or not clip_err > 0 or gate_power < 0:
+            raise ValueError("narx: 0 < lam <= 1, delta > 0, clip_err > 0, gate_power >= 0")
+        self.d_y, self.d_x, self.lam, self.delta = int(d_y), int(d_x), float(lam), float(delta)
+        self.clip_err, self.warmup = float(clip_err), int(warmup)
+        self.gate_window, self.gate_power = int(gate_window), float(gate_power)
+        self.norm_window, self.window = int(norm_window), int(window)
+        n, E = self.num_workers, self.num_exog
+        U = self._U = self.d_x * E
+        self.hidden = U * len(knots)
+        self.bandwidth, self.memory, self.recency = float(bandwidth), int(memory), float(recency)
+        self._kernel = U > 0 and self.bandwidth > 0
+        self.linear_x = bool(linear_x)
+        F = self._F = 1 + self.d_y + U * int(self.linear_x) + self.hidden + U * int(self._kernel)
+        # the kernel unit's memory: normalised inputs u_s, the log speed that followed
+        M = max(self.memory, 1)
+        self._mem_u = np.zeros((n, M, U))
+        self._mem_v = np.zeros((n, M))
+        self._mem_ok = np.zeros((n, M), dtype=bool)
+        self._mem_age = np.zeros(M)
+        self._mem_slot = 0
+        self._knots = np.asarray(knots, dtype=float) if U else np.zeros(0)
+        self.sharpness = float(sharpness)
+        self._theta = np.zeros((n, F))
+        self._P = np.tile(self.delta * np.eye(F), (n, 1, 1))
+        self._abs_err = np.full(n, np.nan)          # running mean |RLS error|
+        # statistics of the exogenous inputs and of the log speed
+        self._mean = np.zeros((n, E))
+        self._var = np.zeros((n, E))
+        self._seen = np.zeros((n, E))
+        self._m_y = np.full(n, np.nan)
         self._last_x = np.full((n, E), np.nan)
-        # replay window, slot-major so that a minibatch is a few contiguous blocks: raw
-        # inputs z_{t-1} with a trailing 1, raw speed y_t, usable
-        self._Z = np.ones((self.window, n, D + 1))
-        self._Y = np.zeros((self.window, n))
-        self._ok = np.zeros((self.window, n), dtype=bool)
-        self._pairs = 0                            # pairs ever stored (slot = pairs % window)
-        self._count = 0                            # observations so far
-        self._pending = 0                          # training steps owed (see learn())
-        # running mean absolute relative error of the network and of the last value
-        self._err = np.zeros((n, 2))
-        self._net = np.full(n, np.nan)             # the network's last forecast
+        self._ly = np.full((n, self.d_y), np.nan)   # log speeds, most recent first
+        self._xl = np.zeros((n, max(self.d_x, 1), E))  # normalised readings, most recent first
+        self._recent = np.full((n, self.window), np.nan)
+        self._last = np.full(n, np.nan)             # the last good speed
+        self._slot = 0
+        self._count = 0
+        self._xl_prev = np.zeros((n, U))
+        self._phi = np.full((n, F), np.nan)         # features of the newest observation
+        self._pending = None                        # (phi, target, ok): learnt by learn()
+        # forecasting candidates (network, last, EMA): their last forecasts and running errors
+        self._ema = np.full(n, np.nan)
+        C = 3 + (U if self._kernel else 0)
+        self._cand = np.full((n, C), np.nan)
+        self._err = np.zeros((n, C))
         self._forecast = np.full(n, np.nan)
-        # work buffers of a training step (large temporaries are slow to allocate)
-        self._buf_z = np.empty((B + 1, n, D + 1))     # the minibatch, then z_t
-        self._buf_h = np.empty((n, B + 1, H))
-        self._buf_d = np.empty((n, B, H))
-        self._buf_t = np.empty((n, B, H))
-        self._buf_p = np.empty_like(self._theta)
-        self._grad = np.empty_like(self._theta)
 
     # ---- the interface -------------------------------------------------------------------
 
@@ -172,213 +153,166 @@ class NARX(Predictor):
         if exog.shape[1] != self.num_exog:
             raise ValueError(f"narx: expected {self.num_exog} exogenous column(s), got "
                              f"{exog.shape[1]}")
-        # Overflow and 0/0 on absurd inputs end in non-finite numbers, which the guards
-        # catch (fallback to the last value, network re-initialised): no warnings.
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):       # non-finite results are caught by the guards
             self._observe(speed, exog)
 
     def predict(self) -> np.ndarray:
         return self._forecast.copy()
 
     def learn(self) -> None:
-        """The training step(s) of the last observation; the forecast came from the
-        parameters before them, so running them now or at the next observe is the same."""
-        steps, self._pending = self._pending, 0
-        with np.errstate(all="ignore"):
-            for _ in range(steps):
-                self._step()
+        """Fold the newest pair into the fit (the forecast came from theta before it)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with np.errstate(all="ignore"):
+                self._rls(*pending)
 
     # ---- internals -----------------------------------------------------------------------
 
     def _observe(self, speed, exog) -> None:
-        self.learn()                               # the previous observation's training
-        E, D, d_y = self.num_exog, self._D, self.d_y
-        last = self._z[:, 0]
+        self.learn()
+        n = self.num_workers
         good = np.isfinite(speed) & (speed > 0)
-        y = np.where(good, speed, last)            # a bad speed repeats the last one
-        self._score(speed, good, last)
+        y = self._last = np.where(good, speed, self._last)   # a bad speed repeats the last
+        self._score(speed, good)
+        ly = np.log(y)
+        if self._count:                              # the pair (phi_{t-1}, r_t)
+            target = (ly - self._ly[:, 0]) / SCALE
+            ok = good & np.isfinite(target) & np.isfinite(self._phi).all(axis=1)
+            self._pending = (self._phi, np.where(ok, target, 0.0), ok)
+        # statistics, then the delay lines
         exog = np.where(np.isfinite(exog), exog, self._last_x)
         self._last_x = exog
-        if self._count:                            # the pair (z_{t-1}, y_t)
-            k = self._pairs % self.window
-            self._Z[k, :, :D] = self._filled(self._z)
-            self._Y[k] = y
-            self._ok[k] = good & np.isfinite(last)
-            self._pairs += 1
-        self._update_stats(np.concatenate([y[:, None], exog], axis=1))
-        z = np.empty_like(self._z)                 # shift the delay lines by one
-        z[:, 0] = y
-        z[:, 1:d_y] = self._z[:, :d_y - 1]
+        self._update_stats(exog)
+        sd = np.sqrt(self._var)
+        sd = np.maximum(sd, 1e-2 * np.abs(self._mean) + 1e-6)
+        xn = np.clip((exog - self._mean) / sd, -CLIP, CLIP)
+        xn = np.where(np.isfinite(xn), xn, 0.0)
         if self.d_x:
-            # an outlier of the load enters clipped to CLIP running deviations of its mean
-            mean, sd = self._mean[:, 1:], 1.0 / self._inv[:, d_y:d_y + E]
-            z[:, d_y:d_y + E] = np.clip(exog, mean - CLIP * sd, mean + CLIP * sd)
-            z[:, d_y + E:] = self._z[:, d_y:D - E]
-        self._z = z
+            self._xl = np.concatenate([xn[:, None, :], self._xl[:, :-1]], axis=1)
+        if self._kernel and self._count:             # remember (u_{t-1}, ly_t)
+            k = self._mem_slot
+            self._mem_u[:, k] = self._xl_prev
+            self._mem_v[:, k] = ly
+            self._mem_ok[:, k] = good
+            self._mem_age += 1.0
+            self._mem_age[k] = 0.0
+            self._mem_slot = (k + 1) % self.memory
+        self._xl_prev = self._xl.reshape(n, -1).copy()
+        self._ly = np.concatenate([ly[:, None], self._ly[:, :-1]], axis=1)
+        rate = 1.0 / min(self._count + 1, self.norm_window)
+        self._m_y = np.where(np.isfinite(self._m_y), self._m_y + rate * (ly - self._m_y), ly)
+        self._recent[:, self._slot] = np.where(good, speed, np.nan)
+        self._slot = (self._slot + 1) % self.window
+        self._ema = np.where(np.isfinite(self._ema), 0.5 * y + 0.5 * self._ema, y)
         self._count += 1
-        r = self._step(train=False)                # the forecast: parameters before training
-        self._pending = self.steps
-        self._forecast = self._predict(y, r)
+        self._phi = self._features(ly)
+        r = np.einsum("nf,nf->n", self._phi, self._theta)
+        kernels = y[:, None] * np.exp(SCALE * self._phi[:, self._F - self._U:]) \
+            if self._kernel else np.zeros((n, 0))
+        self._forecast = self._combine(y, y * np.exp(SCALE * r), kernels)
 
-    def _score(self, speed, good, last) -> None:
-        """Running errors of the network's and the last value's forecasts of this speed."""
-        if self.gate == "none":
-            return
-        scored = good & np.isfinite(self._net) & np.isfinite(last)
-        if not scored.any():
-            return
-        rate = np.where(scored, 1.0 / min(self._count, self.gate_window), 0.0)
-        err = np.abs(np.stack([self._net, last], axis=1) / speed[:, None] - 1.0)
-        err = np.where(np.isfinite(err), np.minimum(err, 10.0), 10.0)   # at most 1000 %
-        self._err += rate[:, None] * (np.where(scored[:, None], err, 0.0) - self._err)
+    def _features(self, ly) -> np.ndarray:
+        n, d_y = self.num_workers, self.d_y
+        lags = self._ly
+        parts = [np.ones((n, 1)), ((ly - self._m_y) / SCALE)[:, None]]
+        if d_y > 1:
+            parts.append((lags[:, 1:] - ly[:, None]) / SCALE)
+        if self._U:
+            u = self._xl.reshape(n, -1)
+            if self.linear_x:
+                parts.append(u)
+            if self.hidden:
+                parts.append(np.tanh(self.sharpness * (u[:, :, None] - self._knots)).reshape(n, -1))
+            if self._kernel:
+                parts.append((self._recall(u) - ly[:, None]) / SCALE)
+        phi = np.concatenate(parts, axis=1)
+        phi[~np.isfinite(phi)] = 0.0               # lags not filled yet
+        phi[~np.isfinite(ly)] = np.nan             # no speed yet: nothing to learn from
+        return phi
+
+    def _recall(self, u) -> np.ndarray:
+        """The kernel units, one per input j: a Gaussian-weighted mean of the log speeds
+        that followed a value of input j like u_j (a generalised regression network per
+        input, one hidden unit per remembered pair); NaN where nothing similar is
+        remembered. Per input, so that an irrelevant input does not blur the others: the
+        output layer weighs them."""
+        d = (self._mem_u - u[:, None, :]) / self.bandwidth                      # (n, M, U)
+        w = np.exp(-0.5 * d * d) * (self.recency ** self._mem_age)[None, :, None]
+        w *= self._mem_ok[:, :, None]
+        total = w.sum(axis=1)                                                   # (n, U)
+        mean = np.einsum("nmu,nm->nu", w, self._mem_v) / np.maximum(total, 1e-300)
+        return np.where(total > 1e-3, mean, np.nan)
 
     def _update_stats(self, values: np.ndarray) -> None:
-        """Running mean and variance, then every input's centre and 1 / scale."""
         finite = np.isfinite(values)
         self._seen += finite
         rate = np.where(finite, 1.0 / np.maximum(np.minimum(self._seen, self.norm_window), 1), 0)
         delta = np.where(finite, values - self._mean, 0.0)
         self._mean += rate * delta
         self._var = (1 - rate) * (self._var + rate * delta * delta)   # West's weighted update
-        mean, sd = self._mean, np.sqrt(self._var)
-        sd_y = np.maximum(sd[:, :1], 1e-3 * np.abs(mean[:, :1]) + 1e-12)
-        sd_x = np.maximum(sd[:, 1:], 1e-2 * np.abs(mean[:, 1:]) + 1e-6)
-        self._centre = np.concatenate([np.repeat(mean[:, :1], self.d_y, axis=1),
-                                       np.tile(mean[:, 1:], (1, self.d_x))], axis=1)
-        self._inv = 1.0 / np.concatenate([np.repeat(sd_y, self.d_y, axis=1),
-                                          np.tile(sd_x, (1, self.d_x))], axis=1)
 
-    def _filled(self, z):
-        """z with a missing input at its centre (0 once normalised)."""
-        return np.where(np.isnan(z), self._centre, z)
+    def _rls(self, phi, target, ok) -> None:
+        """One recursive-least-squares step per worker whose pair is usable (``ok``)."""
+        if not ok.any():
+            return
+        phi = np.where(ok[:, None], phi, 0.0)
+        e = target - np.einsum("nf,nf->n", phi, self._theta)
+        scale = self._abs_err
+        bound = self.clip_err * np.where(np.isfinite(scale), scale, np.inf)
+        e_used = np.where(ok, np.clip(e, -bound, bound), 0.0)
+        rate = 1.0 / min(self._count, self.gate_window)
+        self._abs_err = np.where(ok, np.where(np.isfinite(scale),
+                                              scale + rate * (np.abs(e) - scale), np.abs(e)),
+                                 scale)
+        Pphi = np.einsum("nij,nj->ni", self._P, phi)
+        gain = Pphi / (self.lam + np.einsum("ni,ni->n", phi, Pphi))[:, None]
+        self._theta += gain * e_used[:, None]
+        P = self._P - gain[:, :, None] * Pphi[:, None, :]
+        inflate = ok & (np.trace(P, axis1=1, axis2=2) <= MAX_TRACE)
+        if self.lam < 1:
+            P /= np.where(inflate, self.lam, 1.0)[:, None, None]
+        self._P = np.where(ok[:, None, None], P, self._P)
+        broken = ~(np.isfinite(self._theta).all(axis=1) & np.isfinite(self._P).all(axis=(1, 2)))
+        if broken.any():                             # start that worker afresh
+            self._theta[broken] = 0.0
+            self._P[broken] = self.delta * np.eye(self._F)
+            self._abs_err[broken] = np.nan
 
-    def _params(self):
-        """Contiguous W1 (n, D, H), b1 (n, H), w2 (n, H), b2 (n, 1), v (n, D)."""
-        W1, b1, w2, b2, v = (np.ascontiguousarray(self._theta[:, s]) for s in self._slices)
-        return W1.reshape(self.num_workers, self._D, self.hidden), b1, w2, b2, v
+    def _score(self, speed, good) -> None:
+        """Running absolute relative errors of the candidates' forecasts of ``speed``."""
+        scored = good & np.isfinite(self._cand).all(axis=1)
+        if not scored.any():
+            return
+        rate = np.where(scored, 1.0 / min(self._count, self.gate_window), 0.0)
+        err = np.abs(self._cand / speed[:, None] - 1.0)
+        err = np.where(np.isfinite(err), np.minimum(err, 10.0), 10.0)
+        self._err += rate[:, None] * (np.where(scored[:, None], err, 0.0) - self._err)
 
-    def _folded(self, params):
-        """The network on raw inputs with a trailing 1: hidden = tanh(z1 @ A), out += z1 @ a.
-
-        With zn = (z - c) * inv:  zn @ W1 + b1 = z @ (inv W1) + (b1 - (c inv) @ W1), and the
-        same for the linear path, so the (n, batch, D) inputs are never normalised one by one.
-        """
-        W1, b1, w2, b2, v = params
-        n, D, H = W1.shape
-        ci = self._centre * self._inv
-        A = np.empty((n, D + 1, H))
-        np.multiply(self._inv[:, :, None], W1, out=A[:, :D])
-        A[:, D] = b1 - np.matmul(ci[:, None, :], W1)[:, 0, :]
-        a = np.empty((n, D + 1, 1))
-        a[:, :D, 0] = self._inv * v
-        a[:, D, 0] = b2[:, 0] - np.einsum("nd,nd->n", ci, v)
-        return A, a
-
-    def _step(self, train: bool = True) -> np.ndarray:
-        """Forward a minibatch of the replay window and the newest inputs z_t, then (if
-        ``train``) one Adam step on the minibatch, every worker at once.
-
-        Returns the network's output r for z_t, from the parameters before the step: the
-        forecast comes out of the training forward pass for free.
-        """
-        n, D, B = self.num_workers, self._D, self.batch
-        filled = min(self._pairs, self.window)
-        train = train and filled > 0
-        Zq = self._buf_z                                                       # (B+1, n, D+1)
-        Zq[B, :, :D] = self._filled(self._z)
-        Zq[B, :, D] = 1.0
-        if train:
-            # the newest pair, and B - 1 drawn from the window (the same slots for all workers)
-            idx = self._rng.integers(0, filled, size=B)
-            idx[0] = (self._pairs - 1) % self.window
-            np.take(self._Z, idx, axis=0, out=Zq[:B])
-            ok = np.take(self._ok, idx, axis=0).T                              # (n, B)
-            count = ok.sum(axis=1)
-            active = count > 0
-            train = active.any()
-        rows = slice(0, B + 1) if train else slice(B, B + 1)
-        Z = Zq[rows].transpose(1, 0, 2)                                        # (n, rows, D+1)
-        params = self._params()
-        w2 = params[2]
-        A, a = self._folded(params)
-        hid = np.matmul(Z, A, out=self._buf_h[:, rows])                        # (n, rows, H)
-        np.tanh(hid, out=hid)
-        out = np.matmul(hid, w2[:, :, None])
-        out += np.matmul(Z, a)
-        r = out[:, -1, 0].copy()
-        if not train:
-            return r
-        Z, hid = Z[:, :B], hid[:, :B]
-        target = np.take(self._Y, idx, axis=0).T - Z[:, :, 0]
-        target *= self._inv[:, :1]
-        err = out[:, :B, 0] - target
-        err[~ok] = 0.0
-        if self.loss == "l1":            # d/de of sqrt(e^2 + h^2), i.e. ~|e|
-            err /= np.sqrt(err * err + self.huber * self.huber)
-        else:
-            err *= 2.0
-        err /= np.maximum(count, 1)[:, None]
-        # backward, in the normalised parameters: dL/dW1 = zn' dpre = inv (z' dpre - c S)
-        dpre = np.matmul(err[:, :, None], w2[:, None, :], out=self._buf_d)    # (n, B, H)
-        tmp = np.multiply(hid, hid, out=self._buf_t)
-        np.subtract(1.0, tmp, out=tmp)
-        dpre *= tmp
-        G = np.matmul(Z.transpose(0, 2, 1), dpre)                              # (n, D+1, H)
-        S = G[:, D]
-        gW1 = G[:, :D]
-        gW1 -= self._centre[:, :, None] * S[:, None, :]
-        gW1 *= self._inv[:, :, None]
-        g = np.matmul(Z.transpose(0, 2, 1), err[:, :, None])[:, :, 0]          # (n, D+1)
-        gv = (g[:, :D] - self._centre * g[:, D:]) * self._inv
-        grad = np.concatenate([gW1.reshape(n, -1), S, np.matmul(err[:, None, :], hid)[:, 0, :],
-                               g[:, D:], gv], axis=1, out=self._grad)
-        # Adam with L2 decay; a worker without a usable pair in the minibatch stands still
-        tmp = np.multiply(self._theta, 2.0 * self.decay, out=self._buf_p)
-        grad += tmp
-        beta1, beta2, eps = ADAM
-        self._adam_steps += active[:, None]
-        t = self._adam_steps
-        self._m1 *= beta1
-        self._m1 += np.multiply(grad, 1.0 - beta1, out=tmp)
-        self._m2 *= beta2
-        np.multiply(grad, grad, out=tmp)
-        tmp *= 1.0 - beta2
-        self._m2 += tmp
-        rate = self.lr * np.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t) * active[:, None]
-        np.sqrt(self._m2, out=tmp)
-        tmp += eps
-        np.divide(self._m1, tmp, out=tmp)
-        tmp *= rate
-        self._theta -= tmp
-        broken = ~np.isfinite(self._theta).all(axis=1)
-        if broken.any():                 # start that worker's network afresh
-            self._theta[broken] = self._init
-            self._m1[broken] = 0.0
-            self._m2[broken] = 0.0
-            self._adam_steps[broken] = 0
-        return r
-
-    def _predict(self, last, r) -> np.ndarray:
-        """The forecast from the network's output r, guarded and weighed against ``last``."""
-        if self._count <= self.warmup:
-            self._net = last.copy()
-            return last.copy()
-        forecast = last + r / self._inv[:, 0]
-        # sane: within [lo - M, hi + M], M = max(hi - lo, hi / 2), over the replay window
-        filled = min(self._pairs, self.window)
-        ok, Y = self._ok[:filled], self._Y[:filled]
-        lo = np.fmin(Y.min(axis=0, where=ok, initial=np.inf), last)
-        hi = np.fmax(Y.max(axis=0, where=ok, initial=-np.inf), last)
+    def _combine(self, last, net, kernels) -> np.ndarray:
+        """Guard the network's forecast and the kernel units' (one per input, alone), then
+        weigh them against last value and EMA."""
+        seen = np.isfinite(self._recent)
+        lo = np.fmin(self._recent.min(axis=1, where=seen, initial=np.inf), last)
+        hi = np.fmax(self._recent.max(axis=1, where=seen, initial=-np.inf), last)
         margin = np.maximum(hi - lo, 0.5 * hi)
-        sane = np.isfinite(forecast) & (forecast > 0) & (forecast >= lo - margin) \
-            & (forecast <= hi + margin)
-        self.fallbacks += ~sane & np.isfinite(last)
-        forecast = np.where(sane, forecast, last)
-        self._net = forecast
-        if self.gate == "hard":
-            forecast = np.where(self._err[:, 0] <= self._err[:, 1], forecast, last)
-        elif self.gate == "soft":
-            e2 = self._err * self._err + 1e-12
-            w = e2[:, 1] / (e2[:, 0] + e2[:, 1])
-            forecast = w * forecast + (1.0 - w) * last
-        return np.where(np.isfinite(forecast), forecast, last)
+        sane = np.isfinite(net) & (net > 0) & (net >= lo - margin) & (net <= hi + margin)
+        warm = self._count <= self.warmup
+        if not warm:
+            self.fallbacks += ~sane & np.isfinite(last)
+        net = np.where(sane & ~warm, net, last)
+        lo, hi = (lo - margin)[:, None], (hi + margin)[:, None]
+        kernels = np.where(np.isfinite(kernels) & (kernels >= lo) & (kernels <= hi) & ~warm,
+                           kernels, last[:, None])
+        cand = np.concatenate([np.stack([net, last, self._ema], axis=1), kernels], axis=1)
+        self._cand = cand
+        if warm:
+            return last.copy()
+        if np.isinf(self.gate_power):               # hard: the best one so far
+            w = np.zeros_like(self._err)
+            w[np.arange(len(w)), np.argmin(self._err, axis=1)] = 1.0
+        else:
+            w = (self._err / self._err.min(axis=1, keepdims=True).clip(1e-9)) \
+                ** -self.gate_power
+            w /= w.sum(axis=1, keepdims=True)
+        out = (w * cand).sum(axis=1)
+        return np.where(np.isfinite(out) & (out > 0), out, last)

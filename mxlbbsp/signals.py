@@ -1,0 +1,223 @@
+"""Contention signals: how much the *other* tenants of a worker's host get in its way.
+
+``cpu_percent`` (psutil, whole host) saturates at 100 % as soon as the cores are
+oversubscribed, and the worker's own load is part of it, so it says little about the others.
+These signals measure contention from everything else, over one window (a worker's compute
+phase: :meth:`Signals.begin` when it starts, :meth:`Signals.read` when it ends):
+
+=================  ==========================================================================
+column             meaning (over the window)
+=================  ==========================================================================
+``others_cpu``     CPU time of everything on the host except this worker's process tree, as a
+                   percent of the host's capacity (100 = every core busy with others):
+                   host busy time (/proc/stat: user+nice+system+irq+softirq) minus this
+                   process's own CPU time (``os.times``, all threads) and its children's
+                   (data-loading workers; the list is refreshed every ``CHILDREN_EVERY``
+                   windows, because listing them costs ~8 ms). The job's other workers and
+                   servers on the same host count as "others": telling them apart would need
+                   their pids on every worker, and they contend for the same cores anyway.
+``ctx_invol``      involuntary context switches per second (the scheduler took the CPU away),
+                   as ``psutil.Process().num_ctx_switches()`` gives them (/proc/self/status:
+                   on Linux, the main thread's; the Python thread that drives MXNet)
+``run_delay``      time this process's threads spent runnable but waiting for a CPU
+                   (/proc/self/task/*/schedstat, 2nd field), as a share of the window
+``cpu_pressure``   Linux pressure stall information: the growth of /proc/pressure/cpu "some
+                   total" (microseconds during which some task waited for a CPU) as a share
+                   of the window; NaN where the file does not exist (kernel < 4.20, PSI off)
+``steal``          CPU steal time (a hypervisor ran someone else), percent of host CPU time
+``runq``           runnable tasks on the host at the end of the window (procs_running of
+                   /proc/stat, which counts this worker's running thread too)
+=================  ==========================================================================
+
+Any signal the platform lacks is NaN, never an error (no /proc: everything but ``ctx_invol``).
+Reading one window costs a few small /proc reads, twice per iteration
+(``python benchmarks/signals_cost.py``; results in benchmarks/results/signals_cost.md).
+
+No MXNet import.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Dict, List, Optional
+
+#: the signal columns, in the order they travel and are recorded
+NAMES = ("others_cpu", "ctx_invol", "run_delay", "cpu_pressure", "steal", "runq")
+#: refresh the list of child processes every this many windows
+CHILDREN_EVERY = 256
+_NAN = float("nan")
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _host_stat():
+    """(busy seconds, total seconds, steal seconds, procs_running) from /proc/stat, or None."""
+    data = _read("/proc/stat")
+    if data is None:
+        return None
+    busy = total = steal = _NAN
+    running = _NAN
+    for line in data.split(b"\n"):
+        if line.startswith(b"cpu "):
+            f = [int(x) for x in line.split()[1:]]
+            f += [0] * (8 - len(f))
+            # user nice system idle iowait irq softirq steal (guest is inside user)
+            busy = (f[0] + f[1] + f[2] + f[5] + f[6]) / _TICK
+            steal = f[7] / _TICK
+            total = sum(f[:8]) / _TICK
+        elif line.startswith(b"procs_running"):
+            running = float(line.split()[1])
+            break
+    return busy, total, steal, running
+
+
+def _pressure() -> float:
+    """/proc/pressure/cpu "some total" in seconds, NaN where missing."""
+    data = _read("/proc/pressure/cpu")
+    if not data:
+        return _NAN
+    for part in data.split(b"\n", 1)[0].split():
+        if part.startswith(b"total="):
+            return int(part[6:]) / 1e6
+    return _NAN
+
+
+def _threads():
+    """Seconds this process's threads waited runnable for a CPU, summed over threads
+    (/proc/self/task/<tid>/schedstat, 2nd field, ns); NaN where missing."""
+    delay, read = 0.0, 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return _NAN
+    for tid in tids:
+        data = _read(f"/proc/self/task/{tid}/schedstat")
+        if data is None:        # the thread ended meanwhile, or no schedstat here
+            continue
+        try:
+            delay += int(data.split()[1]) / 1e9
+        except (IndexError, ValueError):
+            return _NAN
+        read += 1
+    return delay if read else _NAN
+
+
+class Signals:
+    """Reads the contention signals of this process's host over windows (not thread-safe)."""
+
+    def __init__(self):
+        self._cpus = os.cpu_count() or 1
+        self._reads = 0
+        self._children: List = []
+        self._start: Optional[dict] = None
+        try:
+            import psutil
+            self._proc = psutil.Process()
+        except Exception:  # noqa: BLE001 - psutil missing or broken: those columns are NaN
+            self._proc = None
+
+    def _own_cpu(self) -> float:
+        """CPU seconds of this process (all threads) and its live children."""
+        t = os.times()
+        own = t.user + t.system
+        if self._proc is None:
+            return own
+        if self._reads % CHILDREN_EVERY == 0:
+            try:
+                self._children = self._proc.children(recursive=True)
+            except Exception:  # noqa: BLE001 - psutil.Error: keep the old list
+                pass
+        for child in self._children:
+            try:
+                c = child.cpu_times()
+                own += c.user + c.system
+            except Exception:  # noqa: BLE001 - the child exited: psutil.NoSuchProcess
+                pass
+        return own
+
+    def _ctx(self) -> float:
+        if self._proc is None:
+            return _NAN
+        try:
+            return float(self._proc.num_ctx_switches().involuntary)
+        except Exception:  # noqa: BLE001 - psutil.Error
+            return _NAN
+
+    def _snapshot(self) -> dict:
+        host = _host_stat()
+        snap = {"wall": time.monotonic(), "own": self._own_cpu(), "ctx": self._ctx(),
+                "delay": _threads(), "psi": _pressure()}
+        if host is None:
+            snap.update(busy=_NAN, total=_NAN, steal=_NAN, running=_NAN)
+        else:
+            snap.update(busy=host[0], total=host[1], steal=host[2], running=host[3])
+        return snap
+
+    def begin(self) -> None:
+        """Start a window (e.g. at the start of the compute phase)."""
+        self._start = self._snapshot()
+
+    def read(self) -> Dict[str, float]:
+        """The signals over the window since :meth:`begin` (or the previous read), and start
+        the next window. The first read without a begin gives NaN everywhere."""
+        end = self._snapshot()
+        self._reads += 1
+        start, self._start = self._start, end
+        if start is None:
+            return {name: _NAN for name in NAMES}
+        wall = end["wall"] - start["wall"]
+        total = end["total"] - start["total"]
+        out = dict.fromkeys(NAMES, _NAN)
+        out["runq"] = end["running"]
+        if wall > 0:
+            others = (end["busy"] - start["busy"]) - (end["own"] - start["own"])
+            # /proc/stat ticks are 10 ms: short windows are coarse; never below 0
+            out["others_cpu"] = 100.0 * others / (wall * self._cpus)
+            if out["others_cpu"] < 0:           # NaN stays NaN
+                out["others_cpu"] = 0.0
+            out["ctx_invol"] = (end["ctx"] - start["ctx"]) / wall
+            out["run_delay"] = (end["delay"] - start["delay"]) / wall
+            out["cpu_pressure"] = (end["psi"] - start["psi"]) / wall
+        if total > 0:
+            out["steal"] = 100.0 * (end["steal"] - start["steal"]) / total
+        return {k: (v if isinstance(v, float) and math.isfinite(v) else _NAN)
+                for k, v in out.items()}
+
+
+#: every exogenous column a worker reports: psutil's host load, then the signals above
+COLUMNS = ("cpu_percent", "mem_percent") + NAMES
+#: the predictor's inputs unless --exog says otherwise (see benchmarks/results/predictors.md)
+DEFAULT = ("others_cpu", "run_delay", "cpu_pressure")
+
+
+def parse_exog(spec: str, available=COLUMNS) -> tuple:
+    """``--exog``: "auto" (the default inputs among ``available``, else all of them), "all"
+    (every available column), "none", or a comma-separated list of column names.
+
+    Raises ValueError with a one-line message for an unknown or repeated name.
+    """
+    spec = (spec or "auto").strip()
+    available = tuple(available)
+    if spec == "all":
+        return available
+    if spec == "none":
+        return ()
+    if spec == "auto":
+        chosen = tuple(c for c in DEFAULT if c in available)
+        return chosen or available
+    names = tuple(p.strip() for p in spec.split(","))
+    for name in names:
+        if name not in available:
+            raise ValueError(f"--exog: unknown column {name!r}; choose from "
+                             f"{', '.join(available)} (or auto, all, none)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--exog {spec!r}: a column appears twice")
+    return names

@@ -1,0 +1,172 @@
+"""Contention signals (mxlbbsp/signals.py): the arithmetic on synthetic /proc readings, the
+live readings on this machine, and how they travel (report, metrics, trace, --exog)."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import run_mxlbbsp
+from mxlbbsp import protocol as P
+from mxlbbsp import signals
+from mxlbbsp import trace as _trace
+from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+
+
+class FakeHost:
+    """Stands in for /proc and the clocks: every value is set by the test."""
+
+    def __init__(self, monkeypatch, cpus=2):
+        self.wall = 100.0
+        self.busy, self.total, self.steal, self.running = 10.0, 40.0, 0.0, 3.0
+        self.own = 1.0
+        self.psi = 5.0           # seconds
+        self.delay = 0.2
+        self.ctx = 7.0
+        monkeypatch.setattr(signals.time, "monotonic", lambda: self.wall)
+        monkeypatch.setattr(signals, "_host_stat",
+                            lambda: (self.busy, self.total, self.steal, self.running))
+        monkeypatch.setattr(signals, "_pressure", lambda: self.psi)
+        monkeypatch.setattr(signals, "_threads", lambda: self.delay)
+        monkeypatch.setattr(signals.os, "cpu_count", lambda: cpus)
+        s = signals.Signals()
+        monkeypatch.setattr(s, "_own_cpu", lambda: self.own)
+        monkeypatch.setattr(s, "_ctx", lambda: self.ctx)
+        self.signals = s
+
+
+def test_signals_over_a_window(monkeypatch):
+    h = FakeHost(monkeypatch)
+    s = h.signals
+    assert all(math.isnan(v) for v in s.read().values())       # no window begun
+    s.begin()
+    # 0.5 s: the host was busy 0.8 CPU-s, 0.3 of them ours; 0.2 s of pressure stall
+    h.wall += 0.5
+    h.busy += 0.8
+    h.total += 1.0
+    h.steal += 0.1
+    h.own += 0.3
+    h.psi += 0.2
+    h.delay += 0.1
+    h.ctx += 50
+    h.running = 4.0
+    out = s.read()
+    assert list(out) == list(signals.NAMES)
+    assert out["others_cpu"] == pytest.approx(100 * 0.5 / (0.5 * 2))     # 50 % of 2 cores
+    assert out["cpu_pressure"] == pytest.approx(0.4)
+    assert out["run_delay"] == pytest.approx(0.2)
+    assert out["ctx_invol"] == pytest.approx(100.0)
+    assert out["steal"] == pytest.approx(10.0)
+    assert out["runq"] == 4.0
+    # the next window starts where this one ended; own time above the host's is clamped
+    h.wall += 1.0
+    h.own += 5.0
+    assert s.read()["others_cpu"] == 0.0
+
+
+def test_missing_pressure_file_is_nan_not_an_error(monkeypatch):
+    monkeypatch.setattr(signals, "_read", lambda path: None)
+    s = signals.Signals()
+    s.begin()
+    out = s.read()
+    for name in ("cpu_pressure", "run_delay", "steal", "runq", "others_cpu"):
+        assert math.isnan(out[name])
+    assert signals._pressure() != signals._pressure()      # NaN
+
+
+def test_live_signals_are_finite_where_linux_has_them():
+    s = signals.Signals()
+    s.begin()
+    x = 0
+    for i in range(300000):
+        x += i
+    out = s.read()
+    assert 0 <= out["others_cpu"] <= 100
+    assert out["runq"] >= 1                      # this thread was running
+    assert out["ctx_invol"] >= 0 and out["run_delay"] >= 0 and out["steal"] >= 0
+    if signals._pressure() == signals._pressure():
+        assert 0 <= out["cpu_pressure"] <= 1.5
+
+
+def test_report_carries_signals_as_optional_fields():
+    msg = P.report(3, 16, 0.1, 50.0, 20.0, 1.0, 64,
+                   {"others_cpu": 12.5, "cpu_pressure": float("nan")})
+    assert msg["others_cpu"] == 12.5 and msg["cpu_pressure"] is None
+    assert "runq" not in P.report(3, 16, 0.1, 50.0, 20.0, 1.0, 64)
+    json.loads(P.encode(msg))                    # NaN never reaches the wire
+
+
+@pytest.mark.parametrize("spec, columns", [
+    ("auto", signals.DEFAULT),
+    ("all", signals.COLUMNS),
+    ("none", ()),
+    ("runq, others_cpu", ("runq", "others_cpu")),
+])
+def test_parse_exog(spec, columns):
+    assert signals.parse_exog(spec) == columns
+
+
+def test_parse_exog_auto_on_an_old_trace_uses_its_columns():
+    assert signals.parse_exog("auto", ["cpu_percent", "mem_percent"]) == \
+        ("cpu_percent", "mem_percent")
+
+
+@pytest.mark.parametrize("spec, needle", [("load", "unknown column 'load'"),
+                                          ("runq,runq", "appears twice")])
+def test_parse_exog_errors(spec, needle):
+    with pytest.raises(ValueError, match=needle):
+        signals.parse_exog(spec)
+
+
+def test_coordinator_feeds_the_chosen_columns_and_records_every_signal(tmp_path):
+    c = Coordinator(CoordinatorConfig(num_workers=2, token="t" * 32, predictor="last",
+                                      exog=("runq", "cpu_percent"),
+                                      metrics_path=str(tmp_path / "m.jsonl")))
+    assert c._predictor.num_exog == 2
+    seen = []
+    c._predictor.observe = lambda speed, exog: seen.append(np.array(exog))
+    c._hellos = {0: {"host": "a"}, 1: {"host": "b"}}
+    c._sizes = np.array([8, 8])
+    reports = {r: dict(P.report(1, 8, 0.1, 50.0 + r, 20.0, 1.0, 16,
+                                {"runq": 2.0 + r, "others_cpu": 30.0}), time=0.0)
+               for r in range(2)}
+    c._on_iteration(1, reports)
+    np.testing.assert_array_equal(seen[0], [[2.0, 50.0], [3.0, 51.0]])
+    rec = c._record(1, 0, reports[0], None)
+    assert rec["runq"] == 2.0 and rec["others_cpu"] == 30.0
+    assert "cpu_pressure" not in rec
+
+
+def test_trace_gets_signal_columns_and_predict_selects_them(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    rng = np.random.default_rng(0)
+    with open(metrics, "w") as fh:
+        for t in range(12):
+            for r in range(2):
+                fh.write(json.dumps({
+                    "iteration": t, "rank": r, "batch_size": 8, "compute_s": 0.1,
+                    "wait_s": 0.0, "speed": 80.0 + rng.normal(), "predicted_speed": None,
+                    "cpu_percent": 50.0, "mem_percent": 20.0, "sync": "bsp", "time": t,
+                    "others_cpu": 10.0 * r, "runq": 2.0, "cpu_pressure": None}) + "\n")
+    out = tmp_path / "t.csv"
+    assert _trace.from_metrics(str(metrics), str(out)) == 22
+    trace = _trace.load(str(out))
+    assert trace.exog_columns == ["cpu_percent", "mem_percent", "others_cpu", "cpu_pressure",
+                                  "runq"]
+    assert np.isnan(trace.ranks[0].exog[:, 3]).all()        # null -> empty -> NaN
+    r = run_mxlbbsp("predict", out, "--predictors", "last,narx")
+    assert r.rc == 0, r.output
+    assert "exogenous inputs: others_cpu, cpu_pressure" in r.stdout       # auto
+    r = run_mxlbbsp("predict", out, "--exog", "runq,mem_percent", "--predictors", "narx")
+    assert r.rc == 0 and "exogenous inputs: runq, mem_percent" in r.stdout, r.output
+    r = run_mxlbbsp("predict", out, "--exog", "steal")
+    assert r.rc == 2
+    assert r.stderr.strip().count("\n") == 0 and "unknown column 'steal'" in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_launch_rejects_an_unknown_exog_column(tmp_path):
+    r = run_mxlbbsp("launch", "-n", 2, "--exog", "cpu,runq", "--", "python", "-c", "pass")
+    assert r.rc == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--exog: unknown column 'cpu'" in lines[0], r.stderr
