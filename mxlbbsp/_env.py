@@ -49,6 +49,9 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
+CHECKPOINT_DIR = "MXLBBSP_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "MXLBBSP_CHECKPOINT_EVERY"
+RESUME = "MXLBBSP_RESUME"
 
 SYNC_MODES = ("lbbsp", "bsp", "asp", "r2sp")
 #: sync modes whose MXNet kvstore is dist_async rather than dist_sync
@@ -142,6 +145,32 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
     if not value >= 0:
         raise EnvError(f"{SAMPLE_COST}={raw!r}: expected seconds per sample >= 0")
     return value
+
+
+def checkpoint_dir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_CHECKPOINT_DIR, or None: no periodic checkpoints."""
+    return _get(env, CHECKPOINT_DIR)
+
+
+def checkpoint_every(env: Optional[Mapping[str, str]] = None) -> int:
+    """MXLBBSP_CHECKPOINT_EVERY (default 0: never)."""
+    return _int(env, CHECKPOINT_EVERY, 0)
+
+
+def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_RESUME: the checkpoint folder this job continues from, or None."""
+    return _get(env, RESUME)
+
+
+def checkpoint_env(directory: Optional[str], every: int, resume_from: Optional[str]) -> dict:
+    """The MXLBBSP_* checkpoint variables for one worker (empty when not used)."""
+    env = {}
+    if directory:
+        env[CHECKPOINT_DIR] = directory
+        env[CHECKPOINT_EVERY] = str(int(every))
+    if resume_from:
+        env[RESUME] = resume_from
+    return env
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,
