@@ -82,6 +82,11 @@ class LaunchConfig:
     ssh_options: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     remote_python: Optional[str] = None
     dry_run: bool = False
+    # checkpoints (mxlbbsp.checkpoint): periodic, resume, restarts
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None
+    resume: Optional[str] = None
+    restarts: int = 0
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -140,8 +145,50 @@ class LaunchConfig:
             raise ConfigError(f"--log-dir {self.log_dir!r} exists and is not a folder")
         if self.bind is not None and not self.bind.strip():
             raise ConfigError("--bind needs an address this machine listens on")
+        self._check_checkpoints()
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
+
+    def _check_checkpoints(self) -> None:
+        from mxlbbsp import checkpoint
+        if self.checkpoint_every is not None and not self.checkpoint_dir:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write)")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: must be at least 1 "
+                              "iteration")
+        if self.restarts < 0:
+            raise ConfigError(f"--restarts {self.restarts}: must be >= 0")
+        if self.restarts and not self.checkpoint_dir:
+            raise ConfigError("--restarts needs --checkpoint-dir DIR: a restart continues from "
+                              "the latest checkpoint written there")
+        if (self.checkpoint_dir or self.resume) and self.sync in _env.ASYNC_MODES:
+            raise ConfigError(f"--sync {self.sync} updates on the servers, whose optimizer "
+                              "state cannot be saved; checkpoints need --sync lbbsp or bsp")
+        if self.checkpoint_dir:
+            self.checkpoint_dir = os.path.abspath(os.path.join(self.cwd, self.checkpoint_dir))
+            if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
+                raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r} exists and is not "
+                                  "a folder")
+            if self.checkpoint_every is None:
+                self.checkpoint_every = 100
+        if self.resume is not None:
+            self.resume = os.path.abspath(os.path.join(self.cwd, self.resume))
+            if checkpoint.latest(self.resume) is None:
+                what = "does not exist" if not os.path.isdir(self.resume) else (
+                    "is empty" if not os.listdir(self.resume) else
+                    "holds no complete mxlbbsp checkpoint (ckpt-NNNNNNNN/manifest.json)")
+                raise ConfigError(f"--resume {self.resume}: the folder {what}; give a folder "
+                                  "written with --checkpoint-dir, or one of its ckpt-* folders")
+
+    def resume_from(self) -> Optional[str]:
+        """The checkpoint this launch starts from: the newest in --resume, else the newest in
+        --checkpoint-dir (automatic resume), else None."""
+        from mxlbbsp import checkpoint
+        if self.resume:
+            return checkpoint.latest(self.resume)
+        if self.checkpoint_dir:
+            return checkpoint.latest(self.checkpoint_dir)
+        return None
 
     def resolve_slowdown(self, num_workers: int) -> None:
         """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""

@@ -200,6 +200,41 @@ def truncate_metrics(path: str, iteration: int) -> int:
     return len(kept)
 
 
+# ---- the coordinator's state (numpy + JSON) ------------------------------------------------
+
+def object_state(obj) -> dict:
+    """Every numpy array, number, string and random generator among ``obj``'s attributes, in
+    a JSON-serialisable dict (predictors, time-model fits)."""
+    state = {}
+    for key, value in vars(obj).items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            state[key] = {"array": value.tolist(), "dtype": value.dtype.str}
+        elif isinstance(value, np.random.Generator):
+            state[key] = {"rng": value.bit_generator.state}
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            state[key] = {"value": value}
+    return state
+
+
+def load_object_state(obj, state: dict) -> None:
+    """Restore :func:`object_state` into an object of the same class and size."""
+    for key, entry in state.items():
+        current = getattr(obj, key, None)
+        if "array" in entry:
+            value = np.array(entry["array"], dtype=np.dtype(entry["dtype"]))
+            if isinstance(current, np.ndarray):
+                if current.size != value.size:
+                    raise ValueError(f"{type(obj).__name__}.{key}: saved {value.shape}, this "
+                                     f"job {current.shape}")
+                value = value.reshape(current.shape)
+            setattr(obj, key, value)
+        elif "rng" in entry:
+            if isinstance(current, np.random.Generator):
+                current.bit_generator.state = entry["rng"]
+        else:
+            setattr(obj, key, entry["value"])
+
+
 # ---- worker side (MXNet) ------------------------------------------------------------------
 
 def _signature(params) -> List[list]:
