@@ -318,6 +318,9 @@ def loader_start(path: str, global_batch_size: int, dataset_size: int, epoch_len
     if m["global_batch_size"] != global_batch_size or \
             m.get("dataset_size") not in (None, dataset_size) or \
             m.get("epoch_length") not in (None, epoch_length):
+        from . import _env
+        if _env.coordinator() is not None:
+            return 0        # the coordinator refuses the job at registration, in one line
         _fail(f"--resume {path}: the checkpoint was written with a global batch size of "
               f"{m['global_batch_size']} on {m.get('dataset_size')} samples, this job has "
               f"{global_batch_size} on {dataset_size}; resume with the same data and batch size")
