@@ -149,15 +149,29 @@ def cli(verbose):
 @click.option("--remote-python", metavar="PATH",
               help="Python on the remote hosts (default: this one's path, "
                    "i.e. the same virtualenv everywhere).")
+@click.option("--checkpoint-dir", metavar="DIR",
+              help="Write checkpoints here (params, optimizer state, loader position, the "
+                   "coordinator's state), atomically, and resume from the newest one found "
+                   "here when the job starts.")
+@click.option("--checkpoint-every", type=int, metavar="N",
+              help="Write a checkpoint after every N-th iteration (default 100 with "
+                   "--checkpoint-dir).")
+@click.option("--resume", metavar="DIR",
+              help="Continue from the newest complete checkpoint in DIR (or the checkpoint "
+                   "folder DIR), on any number of workers.")
+@click.option("--restarts", type=int, default=0, show_default=True, metavar="N",
+              help="When the job fails, restart it from the latest checkpoint up to N times "
+                   "(over SSH without the hosts that fail the pre-flight); needs "
+                   "--checkpoint-dir.")
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
-           stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items, remote_python,
-           dry_run, command):
-    from .job import Job
+           stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
+           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, command):
+    from .job import run_job
 
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
@@ -168,8 +182,10 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
         dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
-        deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs)
-    return Job(config).run()
+        deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs,
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+        restarts=restarts)
+    return run_job(config)
 
 
 # ---- predict and trace (issue 3): registered below this line -----------------------------

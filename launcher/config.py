@@ -194,6 +194,11 @@ class LaunchConfig:
     batch_range: Optional[str] = None         # courier: "MIN:MAX" global batch sizes
     lr_scaling: Optional[str] = None          # courier: linear | sqrt | none
     epochs: Optional[float] = None            # courier: epochs the deadline covers
+    # checkpoints (mxlbbsp.checkpoint): periodic, resume, restarts
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None
+    resume: Optional[str] = None
+    restarts: int = 0
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -278,6 +283,7 @@ class LaunchConfig:
                                   "(the interface's address is the default) or give one of those")
         if self.sync == "courier" and self.num_workers is not None:
             self.check_batch_range(self.num_workers)
+        self._check_checkpoints()
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
 
@@ -298,6 +304,49 @@ class LaunchConfig:
             courier.parse_batch_range(self.batch_range or "64:1024", num_workers)
         except courier.PlanError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_checkpoints(self) -> None:
+        from mxlbbsp import checkpoint
+        if self.checkpoint_every is not None and not self.checkpoint_dir:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write)")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every {self.checkpoint_every}: must be at least 1 "
+                              "iteration")
+        if self.restarts < 0:
+            raise ConfigError(f"--restarts {self.restarts}: must be >= 0")
+        if self.restarts and not self.checkpoint_dir:
+            raise ConfigError("--restarts needs --checkpoint-dir DIR: a restart continues from "
+                              "the latest checkpoint written there")
+        if (self.checkpoint_dir or self.resume) and not modes.get(self.sync).checkpoints:
+            able = ", ".join(m for m in modes.available() if modes.get(m).checkpoints)
+            raise ConfigError(f"--sync {self.sync} cannot checkpoint yet (asp and r2sp update "
+                              "on the servers, whose optimizer state cannot be saved; courier's "
+                              f"plan is not saved); checkpoints need --sync {able}")
+        if self.checkpoint_dir:
+            self.checkpoint_dir = os.path.abspath(os.path.join(self.cwd, self.checkpoint_dir))
+            if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
+                raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r} exists and is not "
+                                  "a folder")
+            if self.checkpoint_every is None:
+                self.checkpoint_every = 100
+        if self.resume is not None:
+            self.resume = os.path.abspath(os.path.join(self.cwd, self.resume))
+            if checkpoint.latest(self.resume) is None:
+                what = "does not exist" if not os.path.isdir(self.resume) else (
+                    "is empty" if not os.listdir(self.resume) else
+                    "holds no complete mxlbbsp checkpoint (ckpt-NNNNNNNN/manifest.json)")
+                raise ConfigError(f"--resume {self.resume}: the folder {what}; give a folder "
+                                  "written with --checkpoint-dir, or one of its ckpt-* folders")
+
+    def resume_from(self) -> Optional[str]:
+        """The checkpoint this launch starts from: the newest in --resume, else the newest in
+        --checkpoint-dir (automatic resume), else None."""
+        from mxlbbsp import checkpoint
+        if self.resume:
+            return checkpoint.latest(self.resume)
+        if self.checkpoint_dir:
+            return checkpoint.latest(self.checkpoint_dir)
+        return None
 
     def resolve_slowdown(self, num_workers: int) -> None:
         """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""

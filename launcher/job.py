@@ -17,6 +17,10 @@ the supervision loop, every 0.1 s, ends the job on the first of:
 * every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
 
 Whatever ended the job, every process of it on every host is stopped before ``run`` returns.
+
+:func:`run_job` wraps it for checkpoints: with ``--restarts N`` a failed job (not bad input,
+not an interrupt) is started again from the latest checkpoint, up to N times; over SSH the
+hosts that fail the pre-flight are left out (the workers' number shrinks to the slots left).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import time
 from typing import Dict, List, Optional
 
 from mxlbbsp import _env, modes
+from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
 from . import ssh
@@ -103,12 +108,15 @@ def _listening(host: str, port: int) -> bool:
 
 
 class Job:
-    def __init__(self, config: LaunchConfig, output: Optional[Output] = None):
+    def __init__(self, config: LaunchConfig, output: Optional[Output] = None,
+                 hosts: Optional[List[Host]] = None):
         self.config = config
         self.output = output or Output(None if config.dry_run else config.log_dir)
         self.remote = config.hostfile is not None
+        self.reason: Optional[str] = None        # why the job failed, in a few words
+        self.resume_from = config.resume_from()
         if self.remote:
-            self.hosts = parse_hostfile(config.hostfile)
+            self.hosts = hosts or parse_hostfile(config.hostfile)
             n = config.num_workers or sum(h.slots for h in self.hosts)
         else:
             n = config.num_workers
@@ -215,6 +223,8 @@ class Job:
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
+            env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
+                                           self.resume_from))
             self.workers.append(self._role("worker", r, host, list(cfg.command), env,
                                            boot=True))
 
@@ -294,12 +304,24 @@ class Job:
 
     def _run(self) -> int:
         cfg = self.config
+        manifest = state = None
+        if self.resume_from:
+            manifest = _ckpt.read_manifest(self.resume_from)
+            state = _ckpt.coordinator_state(self.resume_from)
+            kept = _ckpt.truncate_metrics(cfg.metrics, manifest["iteration"])
+            self.output.say(f"resuming from iteration {manifest['iteration'] + 1} "
+                            f"({self.resume_from}; written by {manifest.get('num_workers')} "
+                            f"worker(s), now {cfg.num_workers})"
+                            + (f"; {kept} metrics records kept" if cfg.metrics else ""))
         self.coordinator = Coordinator(CoordinatorConfig(
             num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
             predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
             exog=cfg.exog_columns,
             max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
-            slowdown=cfg.slowdown, sync_options=cfg.sync_options))
+            slowdown=cfg.slowdown, sync_options=cfg.sync_options,
+            checkpoint_dir=cfg.checkpoint_dir,
+            checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
+            resume_state=state))
         try:
             coord_addr = self.coordinator.start()
         except OSError as exc:
@@ -483,6 +505,7 @@ class Job:
                     what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "
                             "and the role with it")
             name = p.role if p.rank is None else f"{p.role} {p.rank}"
+            self.reason = f"{name} {what}"
             others = len([q for q in self.procs if q is not p and q.poll() is None])
             self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
                             f"(its output is above{', and in ' + self.config.log_dir if self.config.log_dir else ''})")
@@ -551,3 +574,53 @@ class Job:
             stop_all(procs, grace=3.0)
         if self.coordinator is not None:
             self.coordinator.stop()
+
+
+# ---- restarts from checkpoints -----------------------------------------------------------
+
+#: exit codes that a restart cannot help: bad input, Ctrl-C, SIGTERM
+NO_RESTART = (0, EXIT_CONFIG, 130, 143)
+
+
+def _reachable(job: Job) -> tuple:
+    """(hosts that pass the pre-flight, one reason per host that does not)."""
+    results = {}
+    for h in ssh.distinct(job.hosts):
+        results[h.name] = ssh._check(h, job._ssh, job._python(h), job.config.cwd)
+    ok = [h for h in job.hosts if not results.get(h.name)]
+    return ok, [f"{name} unreachable" for name, r in results.items() if r]
+
+
+def run_job(config: LaunchConfig) -> int:
+    """Run the job; with ``--restarts N``, start it again from the latest checkpoint after a
+    failure, up to N times, printing what happened and why."""
+    requested = config.num_workers
+    job = Job(config)
+    rc = job.run()
+    for attempt in range(1, config.restarts + 1):
+        if rc in NO_RESTART or config.dry_run:
+            return rc
+        latest = _ckpt.latest(config.checkpoint_dir)
+        if latest is None:
+            job.output.say(f"no restart: no checkpoint was written to {config.checkpoint_dir} "
+                           "before the failure")
+            return rc
+        hosts, dropped = None, []
+        config.num_workers = requested
+        config.resume = None               # the newest checkpoint is in --checkpoint-dir
+        if job.remote:
+            hosts, dropped = _reachable(job)
+            if not hosts:
+                job.output.say("no restart: no host passes the pre-flight "
+                               f"({'; '.join(dropped)})")
+                return rc
+            slots = sum(h.slots for h in hosts)
+            config.num_workers = min(requested or slots, slots)
+        n = config.num_workers
+        why = "; ".join(dropped) or job.reason or f"exit code {rc}"
+        iteration = _ckpt.read_manifest(latest)["iteration"] + 1
+        job.output.say(f"restart {attempt}/{config.restarts} from iteration {iteration} on "
+                       f"{n} worker(s) ({why})")
+        job = Job(config, output=job.output, hosts=hosts)
+        rc = job.run()
+    return rc

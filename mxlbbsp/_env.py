@@ -65,6 +65,9 @@ EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
 STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
 DEFAULT_STALL_FLOORS = (300.0, 120.0)
+CHECKPOINT_DIR = "MXLBBSP_CHECKPOINT_DIR"
+CHECKPOINT_EVERY = "MXLBBSP_CHECKPOINT_EVERY"
+RESUME = "MXLBBSP_RESUME"
 
 LR_SCALING = "MXLBBSP_LR_SCALING"
 BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
@@ -205,6 +208,32 @@ def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
 def batch_schedule(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_BATCH_SCHEDULE: a metrics file to replay the global batches of, or None."""
     return _get(env, BATCH_SCHEDULE)
+
+
+def checkpoint_dir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_CHECKPOINT_DIR, or None: no periodic checkpoints."""
+    return _get(env, CHECKPOINT_DIR)
+
+
+def checkpoint_every(env: Optional[Mapping[str, str]] = None) -> int:
+    """MXLBBSP_CHECKPOINT_EVERY (default 0: never)."""
+    return _int(env, CHECKPOINT_EVERY, 0)
+
+
+def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_RESUME: the checkpoint folder this job continues from, or None."""
+    return _get(env, RESUME)
+
+
+def checkpoint_env(directory: Optional[str], every: int, resume_from: Optional[str]) -> dict:
+    """The MXLBBSP_* checkpoint variables for one worker (empty when not used)."""
+    env = {}
+    if directory:
+        env[CHECKPOINT_DIR] = directory
+        env[CHECKPOINT_EVERY] = str(int(every))
+    if resume_from:
+        env[RESUME] = resume_from
+    return env
 
 
 def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_workers: int,

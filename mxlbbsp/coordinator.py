@@ -69,6 +69,12 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
     sync_options: dict = dataclasses.field(default_factory=dict)   # the mode's own options
+    # checkpoints (mxlbbsp.checkpoint): where and how often to save the coordinator's state,
+    # and, when resuming, the checkpoint's manifest and the state saved with it
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 0
+    resume_manifest: Optional[dict] = None
+    resume_state: Optional[dict] = None
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -152,6 +158,47 @@ class Coordinator:
         self.refused = 0                             # connections refused before a hello
         self._refusals_unshown = 0
         self._refusal_timer = None
+        self._start = 0                              # first iteration (> 0 when resumed)
+        self._written = 0                            # metrics records in the file
+        if config.resume_manifest is not None:
+            self._start = int(config.resume_manifest["iteration"]) + 1
+            self._iteration = self._start - 1
+            self._load_state(config.resume_state)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What balancing needs to continue without re-learning (JSON-serialisable)."""
+        from .checkpoint import object_state
+        return {"iteration": self._iteration, "num_workers": self.config.num_workers,
+                "predictor_name": self.config.predictor,
+                "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
+                "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
+                "metrics_records": self._written}
+
+    def _load_state(self, state: Optional[dict]) -> None:
+        """Restore :meth:`state_dict`; on another number of workers (or predictor) only the
+        metrics position carries over, and balancing learns afresh."""
+        if not state:
+            return
+        self._written = int(state.get("metrics_records", 0))
+        if state.get("num_workers") != self.config.num_workers:
+            return
+        from .checkpoint import load_object_state
+        if state.get("predictor_name") == self.config.predictor:
+            self._predictor.load_state_dict(state["predictor"])
+        load_object_state(self._fit, state["fit"])
+        if state.get("sizes"):
+            self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
+
+    def _maybe_checkpoint(self, t: int) -> None:
+        cfg = self.config
+        if cfg.checkpoint_dir and cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0:
+            from .checkpoint import save_coordinator
+            try:
+                save_coordinator(cfg.checkpoint_dir, t, self.state_dict())
+            except (OSError, ValueError) as exc:
+                log.warning("could not save the coordinator's state: %s", exc)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -398,6 +445,9 @@ class Coordinator:
             else:
                 B = int(self._hellos[0]["global_batch_size"])
                 self._sizes = np.asarray(self._policy.first_split(B))
+                resumed = getattr(self, "_resumed_sizes", None)
+                if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
+                    self._sizes = resumed          # the split balancing had reached
                 self._broadcast(P.welcome(n, self.config.sync, self._sizes))
         return rank
 
@@ -413,6 +463,13 @@ class Coordinator:
                 return f"the workers disagree on the {what} ({detail}); every worker must " \
                        "build the same mxlbbsp.DataLoader"
         B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
+        saved = self.config.resume_manifest
+        if saved is not None and (saved["global_batch_size"] != B
+                                  or saved.get("dataset_size") not in (None, N)):
+            return (f"the checkpoint (iteration {saved['iteration']}) was written with a global "
+                    f"batch size of {saved['global_batch_size']} on {saved.get('dataset_size')} "
+                    f"samples, this job has {B} on {N}; resume with the same data and batch "
+                    "size, or start without --resume")
         if B < n:
             return (f"global batch size {B} is smaller than the number of workers ({n}): every "
                     f"worker needs at least one sample per iteration; use a global batch size "
@@ -472,7 +529,7 @@ class Coordinator:
         exog = np.array([[_nan(reports[r].get(c)) for c in self.config.exog] or [np.nan]
                          for r in range(n)])
         next_B = reports[0].get("next_global_batch")
-        if t < self.config.warmup:
+        if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
             return
@@ -552,6 +609,7 @@ class Coordinator:
             self._recent.append((now, self._samples))
             del self._recent[:-50]
         self._flush_records()
+        self._maybe_checkpoint(t)
 
     def _record(self, t: int, rank: int, report: dict, done: Optional[dict]) -> dict:
         """The metrics record of worker ``rank`` at iteration ``t`` (fields: mxlbbsp.metrics)."""
@@ -594,9 +652,11 @@ class Coordinator:
             try:
                 if self._metrics is None:
                     # Opened at the first record, so that a job rejected at registration
-                    # leaves an earlier metrics file untouched.
-                    self._metrics = open(self.config.metrics_path, "w")
+                    # leaves an earlier metrics file untouched; a resumed job appends.
+                    mode = "a" if self.config.resume_manifest is not None else "w"
+                    self._metrics = open(self.config.metrics_path, mode)
                 self._metrics.write("\n".join(lines) + "\n")
+                self._written += len(lines)
                 self._metrics.flush()
             except OSError as exc:
                 # e.g. ENOSPC: the job stops with this one line (exit 2, as a --metrics path

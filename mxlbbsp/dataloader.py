@@ -108,6 +108,22 @@ class DataLoader:
         self._pending = {}          # iteration -> async result
         self._expect = None         # (iteration, indices-getter) of the next batch to prefetch
         self._listening = False
+        self._start = 0             # the first iteration this job runs (> 0 when resumed)
+        resume = _env.resume()
+        if resume is not None:
+            from . import checkpoint
+            self._start = checkpoint.loader_start(resume, self.global_batch_size, self._size,
+                                                  len(self))
+
+    @property
+    def resumed_iteration(self) -> int:
+        """Iterations done before this process started (0 unless resumed from a checkpoint).
+
+        A resumed loader yields nothing for the epochs already done and starts the current
+        epoch where the checkpoint stopped, so a script's ``for epoch in range(E)`` loop
+        needs no change.
+        """
+        return self._start
 
     # ---- the epoch plan -----------------------------------------------------------------
 
@@ -150,9 +166,20 @@ class DataLoader:
             return
         order = self._order(self._epoch)
         batches = self._global_batches()
+        sess.epoch_length = len(batches)
         first_next_epoch = min(self.global_batch_size, self._size)
-        self._epoch += 1
+        epoch, self._epoch = self._epoch, self._epoch + 1
+        first_epoch, skip = divmod(self._start, len(batches))
+        if epoch < first_epoch:
+            return                  # done before the checkpoint
+        if epoch > first_epoch:
+            skip = 0
+        if sess.iteration < 0 and self._start > 0:
+            sess.first_iteration = self._start
+            sess.iteration = self._start - 1
         for k, (start, size) in enumerate(batches):
+            if k < skip:
+                continue
             nxt = batches[k + 1][1] if k + 1 < len(batches) else first_next_epoch
             sess.next_global_batch = lambda nxt=nxt: nxt
             t, offset, local = sess.next_iteration(size)

@@ -118,6 +118,9 @@ class Session:
         self.sample_cost = _env.sample_cost(env)
         self.iteration = -1
         self.reported = -1                # the last iteration whose report went out
+        self.first_iteration = 0          # > 0 when the job resumed from a checkpoint
+        self.epoch_length = None          # global batches per epoch (the loader's, checkpoints)
+        self.dataset_size = int(dataset_size)
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
         self._alloc: Dict[int, _bal.Slice] = {}
@@ -250,7 +253,7 @@ class Session:
         A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``) waits for it from
         iteration 1 on; the other modes, and a single process, know their split at once. With ``block=False``, None when not known.
         """
-        if iteration == 0:
+        if iteration == self.first_iteration:
             piece = self._initial
         elif not self.coordinated or not self.mode.follows_allocations:
             piece = _bal.slice_of(_bal.equal_split(global_batch, self.num_workers), self.rank)

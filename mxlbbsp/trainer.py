@@ -18,6 +18,28 @@ synchronous modes, the worker's own batch b_i(t) in ``asp`` (each push is applie
 there, as in MXNet's dist_async), the initial batch B/n in ``r2sp``. Between the gradients and
 the push, the mode may make the worker wait (``r2sp``: for its push slot).
 
+Where the optimizer runs. In the synchronous modes (dist_sync) the trainer defaults to
+``update_on_kvstore=False``: the servers only add the workers' gradients, and every worker
+applies the same optimizer update to the same sum, so every worker holds the same parameters
+*and the same optimizer state* (momentum, update count, learning-rate schedule), which a
+checkpoint can save locally (MXNet's ``save_optimizer_states`` refuses distributed jobs that
+update on the servers). The bytes moved are the same (push gradients, pull a sum instead of
+pull weights); the normaliser is simply set on the local optimizer every step, so the
+``N0 / N(t)`` gradient scaling is needed only in ``asp`` (dist_async updates on the servers).
+
+One model on every worker. BatchNorm's running mean and variance (every parameter declared
+not differentiable) are updated by each worker from its own local batch. After every step
+they are combined: each worker pushes ``b_i(t) * stats_i`` (one flat array under one extra
+kvstore key), pulls the sum and divides by B(t). When the workers agreed before the step
+(they do: they start identical and are combined every step), the combined running mean is
+exactly the one a single process computes on the whole batch (the EMA is linear in the batch
+mean); the combined running variance misses the between-worker part of the batch variance,
+``(1 - momentum) * sum_i b_i/B (mean_i - mean)^2``, see docs/ARCHITECTURE.md.
+
+Checkpoints: :meth:`Trainer.save_checkpoint`, and periodically when the launcher sets
+``--checkpoint-every`` (rank 0 writes, after the step); a job started with ``--resume`` loads
+the parameters and the optimizer state when the trainer is built (:mod:`mxlbbsp.checkpoint`).
+
 ``step()`` is also where a worker's iteration is timed: it waits for MXNet's asynchronous
 engine to finish the gradients before it reads the clock (and reports to the coordinator),
 and again after the push/pull.
@@ -26,6 +48,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 from mxnet import gluon, nd
 
 from . import _env
@@ -46,10 +69,23 @@ class Trainer(gluon.Trainer):
                 kvstore = _env.kvstore_type(_env.sync()) if _env.role() == "worker" else "device"
             except _env.EnvError as exc:
                 raise _env.refuse(exc) from None
+        if update_on_kvstore is None and kvstore == "dist_sync":
+            update_on_kvstore = False     # the optimizer runs on every worker: module docstring
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore,
                          compression_params=compression_params,
                          update_on_kvstore=update_on_kvstore)
         self._baked: Optional[float] = None   # the normaliser inside the servers' rescale_grad
+        # the running statistics (BatchNorm's): not differentiable, not just frozen
+        self._aux = [p for p in self._params if not getattr(p, "_differentiable", True)]
+        self._aux_key = len(self._params)     # kvstore key of the combined statistics
+        self._aux_ready = False
+        self.sync_aux = True                  # combine BatchNorm statistics after each step
+        self._ckpt_dir = _env.checkpoint_dir()
+        self._ckpt_every = _env.checkpoint_every()
+        resume = _env.resume()
+        if resume is not None:
+            from . import checkpoint
+            checkpoint.load_trainer(self, resume)
 
     def _normalisers(self, batch_size):
         """(N(t), N0) for this step; see the module docstring."""
@@ -97,6 +133,44 @@ class Trainer(gluon.Trainer):
             self._init_params()
         self._allreduce_grads()
         self._update(ignore_stale_grad)
+        if sess is not None and self._distributed and not self._update_on_kvstore:
+            self._combine_aux(sess.batch_local, sess.batch_global)
         if sess is not None:
             nd.waitall()
             sess.step_done()
+            if self._ckpt_dir and self._ckpt_every and \
+                    (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
+                with sess.untimed():
+                    self.save_checkpoint(self._ckpt_dir)
+
+    # ---- one model on every worker ------------------------------------------------------
+
+    def _combine_aux(self, local: int, total: int) -> None:
+        """Running statistics := sum_i b_i * stats_i / B over the workers (module docstring)."""
+        if not self.sync_aux or not self._aux or self._aux[0]._data is None:
+            return
+        arrays = [p.data() for p in self._aux]
+        flat = nd.concat(*[a.reshape((-1,)) for a in arrays], dim=0)
+        if not self._aux_ready:
+            self._kvstore.init(self._aux_key, nd.zeros_like(flat))
+            self._aux_ready = True
+        flat *= float(local)
+        self._kvstore.push(self._aux_key, flat)
+        self._kvstore.pull(self._aux_key, out=flat)
+        flat /= float(total)
+        start = 0
+        for a in arrays:
+            size = int(np.prod(a.shape))
+            a[:] = flat[start:start + size].reshape(a.shape)
+            start += size
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def save_checkpoint(self, directory: str) -> str:
+        """Write a complete checkpoint of this job after the last step into ``directory``.
+
+        Call it on rank 0 (every worker holds the same model and optimizer state); returns
+        the checkpoint's folder. See :mod:`mxlbbsp.checkpoint` for what it holds.
+        """
+        from . import checkpoint
+        return checkpoint.save_trainer(self, directory)

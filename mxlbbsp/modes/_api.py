@@ -106,6 +106,8 @@ class SyncMode(abc.ABC):
     policy: ClassVar[Type[CoordinatorPolicy]] = CoordinatorPolicy
     #: the coordinator chooses the global batch B(t) (the workers follow ``total``)
     sets_batch: ClassVar[bool] = False
+    #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
+    checkpoints: ClassVar[bool] = False
 
     @property
     def follows_allocations(self) -> bool:

@@ -10,6 +10,7 @@ from ._api import SyncMode, register
 
 @register
 class BSP(SyncMode):
+    checkpoints = True
     name = "bsp"
     label = "BSP"
     help = "equal split B/n, a barrier every iteration (dist_sync)"

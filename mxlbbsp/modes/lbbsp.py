@@ -33,6 +33,7 @@ class LBBSPPolicy(CoordinatorPolicy):
 
 @register
 class LBBSP(SyncMode):
+    checkpoints = True
     name = "lbbsp"
     label = "LB-BSP"
     help = "split B by predicted speed so that all finish together (dist_sync)"

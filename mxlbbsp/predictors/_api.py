@@ -49,6 +49,18 @@ class Predictor(abc.ABC):
         forecasts whether or not its caller calls it (the next ``observe`` does what is left).
         """
 
+    def state_dict(self) -> dict:
+        """The learned state, JSON-serialisable (checkpoints): every numpy array, number and
+        random generator among the attributes. A predictor with other state overrides this
+        and :meth:`load_state_dict`."""
+        from ..checkpoint import object_state
+        return object_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (same class, same number of workers)."""
+        from ..checkpoint import load_object_state
+        load_object_state(self, state)
+
     def _check(self, speed, exog):
         speed = np.asarray(speed, dtype=float).reshape(self.num_workers)
         exog = np.asarray(exog, dtype=float).reshape(self.num_workers, -1)

@@ -1,0 +1,236 @@
+"""Checkpoints, resume, --restarts and BatchNorm synchronisation, with real processes.
+
+The promise: a job stopped at any iteration (kill -9 of the launcher, a dead worker) and
+resumed from its latest checkpoint, on the same or another number of workers, ends with the
+parameters of the uninterrupted run and of one process on the whole batch (<= 1e-4).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from conftest import PY, ROOT, mxlbbsp_argv, run_mxlbbsp, wait_no_leftovers
+from mxlbbsp import checkpoint
+
+pytestmark = pytest.mark.cluster
+
+SCRIPT = ROOT / "tests" / "scripts" / "ckpt_train.py"
+TRAIN = ["--epochs", "2", "--lr-decay"]        # 2 x 23 iterations of B=64 on digits
+
+
+def load(path):
+    return mx.nd.load(str(path))
+
+
+def relative_difference(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()
+                     / max(np.abs(a[k].asnumpy()).max(), 1e-12)) for k in a)
+
+
+def launch(*args, **kw):
+    return run_mxlbbsp("launch", "--progress", "0", *args, **kw)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    subprocess.run([PY, str(SCRIPT), str(out), *TRAIN], check=True, cwd=ROOT,
+                   capture_output=True, timeout=300)
+    return load(out / "single.params")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted job: 3 workers at 1:3:1, a checkpoint every 10 iterations."""
+    tmp = tmp_path_factory.mktemp("reference")
+    r = launch("-n", 3, "--emulate-slowdown", "1,3,1", "--checkpoint-dir", tmp / "ckpt",
+               "--checkpoint-every", 10, "--metrics", tmp / "m.jsonl",
+               "--", PY, SCRIPT, tmp, *TRAIN)
+    assert r.rc == 0, r.output
+    return tmp
+
+
+def test_uninterrupted_run_writes_complete_checkpoints(reference, single):
+    ckpts = sorted(p.name for p in (reference / "ckpt").iterdir())
+    # the two newest are kept, each with the coordinator's state of the same iteration
+    assert ckpts == ["ckpt-00000029", "ckpt-00000039", "coordinator-00000029.json",
+                     "coordinator-00000039.json"]
+    m = checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000039")
+    assert (m["iteration"], m["epoch"], m["index_in_epoch"], m["global_batch_size"]) == \
+        (39, 1, 17, 64)
+    state = checkpoint.coordinator_state(str(reference / "ckpt" / "ckpt-00000039"))
+    assert state["iteration"] == 39 and sum(state["sizes"]) == 64
+    assert state["metrics_records"] == 3 * 40 and state["predictor"]
+    assert relative_difference(load(reference / "rank0.params"), single) <= 1e-4
+
+
+def test_resume_on_fewer_workers_is_exact(reference, single, tmp_path):
+    """3 -> 2 workers from the checkpoint of iteration 39; metrics appended, no duplicates."""
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text((reference / "m.jsonl").read_text())
+    r = launch("-n", 2, "--emulate-slowdown", "3,1", "--resume", reference / "ckpt",
+               "--metrics", metrics, "--", PY, SCRIPT, tmp_path, *TRAIN)
+    assert r.rc == 0, r.output
+    assert "resuming from iteration 40" in r.stderr
+    assert "finished at iteration 46" in r.stdout
+    resumed = load(tmp_path / "rank0.params")
+    assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
+    assert relative_difference(resumed, single) <= 1e-4
+    assert relative_difference(resumed, load(tmp_path / "rank1.params")) == 0
+    rows = [json.loads(line) for line in open(metrics)]
+    keys = [(r["iteration"], r["rank"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 3 * 40 + 2 * 6
+    assert sorted({t for t, _ in keys}) == list(range(46))
+
+
+def test_kill9_of_the_launcher_then_resume_on_more_workers_is_exact(reference, single,
+                                                                     tmp_path):
+    """kill -9 of the launcher mid-run; the same command again continues from the newest
+    checkpoint in --checkpoint-dir, on 4 workers instead of 2."""
+    ckpt = tmp_path / "ckpt"
+    marker = uuid.uuid4().hex
+    argv = mxlbbsp_argv("launch", "--env", f"MXLBBSP_TEST_MARK={marker}", "--progress", "0",
+                        "-n", 2, "--emulate-slowdown", "1,3", "--checkpoint-dir", ckpt,
+                        "--checkpoint-every", 5, "--", PY, SCRIPT, tmp_path, *TRAIN)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, MXLBBSP_TEST_MARK=marker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (ckpt / "ckpt-00000019").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint of iteration 19"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    assert wait_no_leftovers(marker, 20) == []
+    assert not (tmp_path / "rank0.params").exists()      # it did not get to the end
+    stopped = checkpoint.read_manifest(checkpoint.latest(str(ckpt)))["iteration"]
+    assert 19 <= stopped < 45
+    r = launch("-n", 4, "--emulate-slowdown", "1,3,1,2", "--checkpoint-dir", ckpt,
+               "--checkpoint-every", 5, "--", PY, SCRIPT, tmp_path, *TRAIN)
+    assert r.rc == 0, r.output
+    assert f"resuming from iteration {stopped + 1}" in r.stderr
+    assert r.stdout.count("finished at iteration 46") == 4, r.output
+    resumed = load(tmp_path / "rank0.params")
+    assert relative_difference(resumed, single) <= 1e-4, r.output
+    assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
+
+
+def test_a_dead_worker_is_restarted_from_the_checkpoint(reference, single, tmp_path):
+    """Rank 1 exits with code 9 after iteration 22; --restarts 1 continues from 19."""
+    r = launch("-n", 2, "--emulate-slowdown", "1,3", "--checkpoint-dir", tmp_path / "ckpt",
+               "--checkpoint-every", 5, "--restarts", 1,
+               "--", PY, SCRIPT, tmp_path, *TRAIN, "--die-at", 22)
+    assert r.rc == 0, r.output
+    assert "restart 1/1 from iteration 20 on 2 worker(s) (worker 1 exited with code 9)" \
+        in r.stderr
+    resumed = load(tmp_path / "rank0.params")
+    assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
+    assert relative_difference(resumed, single) <= 1e-4
+
+
+def test_batchnorm_statistics_are_one_model_on_every_worker(tmp_path):
+    """A conv net with BatchNorm on 2 workers at 1:3: identical parameters and running
+    statistics on both; the running mean is the single process's (the conv layer is frozen,
+    so the statistics depend only on the data, and BatchNorm's own training cannot move
+    them apart)."""
+    args = ["--bn", "--freeze-conv", "--epochs", "1"]
+    r = launch("-n", 2, "--emulate-slowdown", "1,3", "--", PY, SCRIPT, tmp_path, *args)
+    assert r.rc == 0, r.output
+    subprocess.run([PY, str(SCRIPT), str(tmp_path), *args], check=True, cwd=ROOT,
+                   capture_output=True, timeout=300)
+    a, b, s = (load(tmp_path / f"{n}.params") for n in ("rank0", "rank1", "single"))
+    for key in a:
+        assert np.array_equal(a[key].asnumpy(), b[key].asnumpy()), key
+    mean = next(k for k in a if k.endswith("running_mean"))
+    var = next(k for k in a if k.endswith("running_var"))
+    assert float(np.abs(a[mean].asnumpy() - s[mean].asnumpy()).max()) <= 1e-4
+    # the variance misses the between-worker part of the batch variance: close, not exact
+    assert float(np.abs(a[var].asnumpy() - s[var].asnumpy()).max()) <= 1e-2
+
+
+# ---- atomic writes (no cluster) ----------------------------------------------------------
+
+def _files(value):
+    return {"params.npz": lambda path: np.savez(path, w=np.full(3, value))}
+
+
+@pytest.mark.parametrize("how", ["exception", "kill -9"])
+def test_an_interrupted_write_never_corrupts_the_previous_checkpoint(tmp_path, how):
+    d = str(tmp_path)
+    checkpoint.write_checkpoint(d, 5, _files(5.0), {"global_batch_size": 8})
+    if how == "exception":
+        def broken(path):
+            open(path, "wb").write(b"half")
+            raise OSError("disk full")
+        with pytest.raises(OSError):
+            checkpoint.write_checkpoint(d, 10, {"a": b"x", "b": broken}, {})
+    else:
+        # a process killed in the middle of writing iteration 10 (after its first file)
+        code = ("import os, signal, sys; from mxlbbsp import checkpoint\n"
+                "def die(path):\n"
+                "    open(path, 'wb').write(b'half'); os.kill(os.getpid(), signal.SIGKILL)\n"
+                f"checkpoint.write_checkpoint({d!r}, 10, {{'a': b'x', 'b': die}}, {{}})\n")
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60)
+        assert p.returncode == -signal.SIGKILL
+        assert any(n.startswith(".tmp-ckpt-") for n in os.listdir(d))
+    latest = checkpoint.latest(d)
+    assert latest == os.path.join(d, "ckpt-00000005")
+    assert checkpoint.read_manifest(latest)["iteration"] == 5
+    assert np.load(os.path.join(latest, "params.npz"))["w"].tolist() == [5.0] * 3
+    assert not os.path.exists(os.path.join(d, "ckpt-00000010"))
+    # the next write clears the leftovers, and keeps the two newest
+    checkpoint.write_checkpoint(d, 15, _files(15.0), {})
+    checkpoint.write_checkpoint(d, 20, _files(20.0), {})
+    assert sorted(os.listdir(d)) == ["ckpt-00000015", "ckpt-00000020"]
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+def _one_error(r, text):
+    assert r.rc == 2, r.output
+    assert "Traceback" not in r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert errors and text in errors[0], r.output
+    return errors
+
+
+@pytest.mark.parametrize("case", ["empty", "foreign", "missing"])
+def test_resume_without_a_checkpoint_is_one_line_exit_2(tmp_path, case):
+    folder = tmp_path / "ckpt"
+    if case != "missing":
+        folder.mkdir()
+    if case == "foreign":
+        (folder / "notes.txt").write_text("not a checkpoint")
+        (folder / "ckpt-00000003").mkdir()         # a half-written one: no manifest
+    r = launch("-n", 2, "--resume", folder, "--", PY, SCRIPT, tmp_path)
+    errors = _one_error(r, f"--resume {folder}: the folder")
+    assert len(errors) == 1 and "started" not in r.stderr
+
+
+def test_restarts_without_a_checkpoint_dir_is_one_line_exit_2(tmp_path):
+    r = launch("-n", 2, "--restarts", 2, "--", PY, SCRIPT, tmp_path)
+    assert len(_one_error(r, "--restarts needs --checkpoint-dir")) == 1
+
+
+def test_resume_with_another_global_batch_is_one_line_exit_2(reference, tmp_path):
+    r = launch("-n", 2, "--resume", reference / "ckpt", "--", PY, SCRIPT, tmp_path,
+               "--batch-size", 32)
+    errors = _one_error(r, "the checkpoint (iteration 39) was written with a global batch "
+                           "size of 64")
+    assert len(errors) == 1
+
+
+def test_resume_with_another_model_is_exit_2(reference, tmp_path):
+    r = launch("-n", 2, "--resume", reference / "ckpt", "--", PY, SCRIPT, tmp_path,
+               "--hidden", 16)
+    assert r.rc == 2, r.output
+    assert "Traceback" not in r.output
+    assert "the checkpoint holds a different model" in r.stderr
