@@ -18,13 +18,16 @@ from test_coordinator import coordinator, sessions  # noqa: F401  (fixture)
 
 
 def test_registry_names_labels_and_kvstores():
-    assert modes.available() == ["lbbsp", "bsp", "asp", "r2sp"]
+    assert modes.available() == ["lbbsp", "bsp", "asp", "r2sp", "courier"]
     assert modes.DEFAULT == "lbbsp"
-    assert modes.labels() == {"lbbsp": "LB-BSP", "bsp": "BSP", "asp": "ASP", "r2sp": "R2SP"}
+    assert modes.labels() == {"lbbsp": "LB-BSP", "bsp": "BSP", "asp": "ASP", "r2sp": "R2SP",
+                              "courier": "Courier"}
     assert [_env.kvstore_type(m) for m in modes.available()] == \
-        ["dist_sync", "dist_sync", "dist_async", "dist_async"]
+        ["dist_sync", "dist_sync", "dist_async", "dist_async", "dist_sync"]
     assert [modes.get(m).follows_allocations for m in modes.available()] == \
-        [True, False, False, True]
+        [True, False, False, True, True]
+    assert [modes.get(m).sets_batch for m in modes.available()] == \
+        [False, False, False, False, True]
     with pytest.raises(modes.UnknownMode, match="unknown sync mode 'bogus'; choose one of"):
         modes.get("bogus")
 
