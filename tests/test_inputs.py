@@ -9,7 +9,15 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import PY, processes_with, run_mxlbbsp
+from conftest import PY, processes_with
+from conftest import run_mxlbbsp as _run
+
+
+def run_mxlbbsp(*args, **kw):
+    """A refused command ends at once; one that was accepted by mistake may hang (a server
+    as a worker): fail in 60 s rather than wait for it."""
+    kw.setdefault("timeout", 60)
+    return _run(*args, **kw)
 from mxlbbsp import _env
 from mxlbbsp import trace as _trace
 from mxlbbsp.launcher.config import ConfigError, parse_env
@@ -237,7 +245,7 @@ def test_metrics_file_system_fills_during_the_run(full_fs_with_room):
     metrics = full_fs_with_room / "m.jsonl"
     r = run_mxlbbsp("launch", "-n", 2, "--progress", "0", "--metrics", metrics, "--", PY,
                     EXAMPLE, "--model", "mlp", "--data", "digits", "--epochs", "1",
-                    "--batch-size", "64", "--log-interval", "100")
+                    "--batch-size", "64", "--log-interval", "100", timeout=300)
     assert r.rc == 2, r.output
     assert "Traceback" not in r.output and "lost its connection" not in r.output
     errors = [line for line in r.stderr.splitlines() if "error:" in line]

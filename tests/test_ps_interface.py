@@ -10,7 +10,6 @@ import psutil
 import pytest
 
 from conftest import PY, ROOT, mxlbbsp_argv, processes_with, wait_no_leftovers
-from test_ssh import sshd  # noqa: F401  (the fixture)
 
 SCRIPT = ROOT / "tests" / "scripts" / "kv_listen.py"
 
@@ -68,21 +67,3 @@ def test_ps_lite_listens_on_the_chosen_interface():
     assert len(found) >= 4, found
     assert all(addrs == {address} for addrs in found.values()), (iface, found)
     assert wait_no_leftovers(marker) == []
-
-
-@pytest.mark.ssh
-def test_over_ssh_ps_lite_itself_takes_the_interface(sshd, tmp_path):
-    """With -H, no DMLC_NODE_HOST is set: ps-lite on each host reads DMLC_INTERFACE. The hosts
-    are 127.0.0.1 and 127.0.0.2, where ps-lite would listen without the option."""
-    iface, address = an_interface()
-    if iface == "lo":
-        pytest.skip("no non-loopback interface with an IPv4 address")
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
-    marker = uuid.uuid4().hex
-    found = listening_addresses(["-H", hosts, *sshd.launch_options(), "-s", 2,
-                                 "--ps-interface", iface], marker)
-    assert len(found) >= 6, found        # launcher, scheduler, 2 servers, 2 workers
-    assert all(addrs == {address} for addrs in found.values()), (iface, found)
-    assert wait_no_leftovers(marker) == []
-    assert sshd.wait_no_sessions() == []
