@@ -241,3 +241,31 @@ def test_the_stall_floors_variable_is_checked():
     for bad in ("20", "a,b", "0,3", "nan,3"):
         with pytest.raises(_env.EnvError):
             _env.stall_floors({_env.STALL_FLOORS: bad})
+
+
+def test_the_progress_line_shows_no_stale_speed_when_nothing_advances():
+    from mxlbbsp.coordinator import Progress
+    from mxlbbsp.launcher.job import Job
+    from mxlbbsp.launcher.procs import Output
+    import io
+
+    class Coordinator:
+        registered = 2
+
+        def __init__(self, progress):
+            self._progress = progress
+
+        def progress(self):
+            return self._progress
+    err = io.StringIO()
+    job = Job.__new__(Job)
+    job.output = Output(stdout=io.StringIO(), stderr=err)
+    now = time.monotonic()
+    job.coordinator = Coordinator(Progress(40, 2560, now, 123.4, [40, 24], 0.5))
+    job._print_progress(30.0)
+    job.coordinator = Coordinator(Progress(40, 2560, now - 60, 123.4, [40, 24], 0.5))
+    job._print_progress(90.0)
+    first, second = err.getvalue().splitlines()
+    assert first == "[mxlbbsp] 30 s: iteration 40, 123.4 samples/s, batch sizes 40,24"
+    assert second == ("[mxlbbsp] 90 s: iteration 40, no iteration finished for 60 s, "
+                      "batch sizes 40,24")
