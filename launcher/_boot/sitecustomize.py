@@ -99,8 +99,10 @@ def _excepthook(previous):
             previous(exc_type, exc, tb)
         except BaseException:           # noqa: BLE001 - a broken hook must not hang the job
             sys.__excepthook__(exc_type, exc, tb)
-        if exc_type is None or issubclass(exc_type, KeyboardInterrupt) or not _main_thread():
+        if exc_type is None or not _main_thread():
             return
+        if issubclass(exc_type, KeyboardInterrupt):
+            _end(130, "KeyboardInterrupt")  # Python's own status for it is 128 + SIGINT
         lines = [ln for ln in _format_only(exc_type, exc) if ln.strip()]
         if issubclass(exc_type, SyntaxError):
             lines = lines[-1:]         # the message (after the file, the code, the caret)
