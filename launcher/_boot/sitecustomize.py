@@ -97,8 +97,8 @@ def _excepthook(previous):
     def hook(exc_type, exc, tb):
         try:
             previous(exc_type, exc, tb)
-        except BaseException:           # noqa: BLE001 - a broken hook must not hang the job
-            sys.__excepthook__(exc_type, exc, tb)
+        except BaseException:           # noqa: BLE001 - whatever the script's hook raises,
+            sys.__excepthook__(exc_type, exc, tb)   # the worker must still end
         if exc_type is None or not _main_thread():
             return
         if issubclass(exc_type, KeyboardInterrupt):
@@ -112,11 +112,8 @@ def _excepthook(previous):
 
 
 def _format_only(exc_type, exc):
-    import traceback
-    try:
-        return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
-    except BaseException:              # noqa: BLE001 - a broken __str__
-        return [exc_type.__name__]
+    import traceback                   # (a broken __str__ is handled there)
+    return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
 
 
 class SystemExit(_PlainSystemExit):    # noqa: A001 - replaces the builtin on purpose
