@@ -63,13 +63,15 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent(parent: int):
-    """A preexec_fn: the child gets SIGKILL when the guard (``parent``) dies."""
+    """A preexec_fn: the child gets SIGKILL when the guard (``parent``) dies. None where
+    there is no prctl (not Linux): the stdin watch is all there is."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+
     def preexec():
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            return                         # not Linux: the stdin watch is all there is
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:         # the guard died before prctl took effect
             os._exit(137)
     return preexec

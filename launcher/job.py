@@ -393,8 +393,8 @@ class Job:
                 self.output.say(f"error: {coord.failure}")
                 return 1
             now = time.monotonic()
-            if now >= next_cpu:
-                self._sample_cpu(now)
+            if now >= next_cpu and coord.registered == 0:
+                self._sample_cpu(now)     # only useful while no iteration can be seen
                 next_cpu = now + 1.0
             if self._stalled(now, started, floors):
                 return EXIT_STALL
@@ -449,14 +449,14 @@ class Job:
         if now - last <= limit:
             return False
         if cfg.stall_timeout is not None:
-            why = f"--stall-timeout {limit:g} s"
+            why = "--stall-timeout"
         elif progress.iteration < 0:
-            why = f"limit {limit:g} s until the first iteration"
+            why = "the limit until the first iteration"
         else:
-            why = (f"limit {limit:g} s: {STALL_MEDIANS} x the median iteration time "
+            why = (f"{STALL_MEDIANS} x the median iteration time "
                    f"{progress.iteration_s or 0:.3g} s, at least {floors[1]:g} s")
         finished = "none" if progress.iteration < 0 else str(progress.iteration)
-        self.output.say(f"error: no iteration finished for {now - last:.0f} s ({why}; last "
+        self.output.say(f"error: no iteration finished for {limit:g} s ({why}; last "
                         f"finished: {finished}); {self._who_hangs()}; stopping the job "
                         "(--stall-timeout SECONDS sets the limit, off turns it off)")
         return True

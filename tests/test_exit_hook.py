@@ -41,6 +41,7 @@ def test_the_names_agree():
     ("def f():\n    raise SystemExit(4)\nf()", 4, "SystemExit: 4"),
     ("import sys; sys.exit('bad input')", 1, "SystemExit: bad input"),
     ("raise ValueError('two\\nlines')", 1, "ValueError: two lines"),
+    ("raise KeyboardInterrupt", 130, "KeyboardInterrupt"),
 ])
 def test_a_failure_ends_the_process_at_once_with_its_code(code, rc, reason):
     r = run(code)

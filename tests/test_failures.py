@@ -46,6 +46,19 @@ def test_an_exception_ends_the_job_and_names_the_worker_and_the_exception(plain)
         assert re.search(r"\d+ s: 2 of 2 workers running", r.stderr), r.stderr
 
 
+def test_the_backstop_ends_a_plain_script_that_hangs_anyway():
+    # The exit hook off: the failed worker hangs in ps-lite's finalize barrier, the other
+    # in its pull. No iterations to watch, so the stall is: no worker uses any CPU for the
+    # start-up floor (shrunk from 300 s to 20 s through MXLBBSP_STALL_FLOORS).
+    r = run_mxlbbsp("launch", "-n", 2, "-s", 1, "--progress", "5",
+                    "--env", "MXLBBSP_EXIT_HOOK=0", "--", PY, SCRIPT, "--fail", "raise",
+                    "--plain", timeout=BOUND, env={"MXLBBSP_STALL_FLOORS": "20,4"})
+    assert r.rc == 124, r.output
+    errors = error_lines(r)
+    assert len(errors) == 1 and "no worker used any CPU for" in errors[0], r.stderr
+    assert re.search(r"\d+ s: 2 of 2 workers running, CPU 0%, 0%", r.stderr), r.stderr
+
+
 def test_a_non_zero_sys_exit_ends_the_job_with_its_code():
     r = launch("--fail", "exit3", "--plain")
     assert r.rc == 3, r.output
@@ -118,10 +131,17 @@ class Running:
         try:
             rc = self.proc.wait(timeout)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        time.sleep(0.3)
+            self.close()
         return rc
+
+    def close(self):
+        """Stop the job if it still runs (a failed test): the launcher tears it down."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 def test_a_frozen_worker_is_caught_by_default():
@@ -140,6 +160,7 @@ def test_a_frozen_worker_is_caught_by_default():
                 p.resume()
             except psutil.Error:
                 pass
+        job.close()
     assert rc == 124, job.output
     stall = [line for line in job.lines if "error: no iteration finished" in line]
     assert len(stall) == 1, job.output
@@ -154,12 +175,15 @@ def test_a_frozen_worker_is_caught_by_default():
 def test_kill_9_of_a_guard_ends_its_role_and_the_job():
     job = Running(["-n", 2, "-s", 1, "--progress", "0", "--", PY, SCRIPT, "--fail", "none",
                    "--iterations", 100000, "--sleep", "0.05"])
-    job.wait_for(r"\[mxlbbsp\] started 2 worker")
-    worker = job.worker(1)
-    guard = worker.parent()
-    assert "mxlbbsp.launcher.guard" in " ".join(guard.cmdline())
-    guard.kill()
-    rc = job.finish()
+    try:
+        job.wait_for(r"\[mxlbbsp\] started 2 worker")
+        worker = job.worker(1)
+        guard = worker.parent()
+        assert "mxlbbsp.launcher.guard" in " ".join(guard.cmdline())
+        guard.kill()
+        rc = job.finish()
+    finally:
+        job.close()
     assert rc == 137, job.output
     assert "error: worker 1 exited with code 137: its guard was killed (SIGKILL)" in job.output
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
@@ -217,3 +241,31 @@ def test_the_stall_floors_variable_is_checked():
     for bad in ("20", "a,b", "0,3", "nan,3"):
         with pytest.raises(_env.EnvError):
             _env.stall_floors({_env.STALL_FLOORS: bad})
+
+
+def test_the_progress_line_shows_no_stale_speed_when_nothing_advances():
+    from mxlbbsp.coordinator import Progress
+    from mxlbbsp.launcher.job import Job
+    from mxlbbsp.launcher.procs import Output
+    import io
+
+    class Coordinator:
+        registered = 2
+
+        def __init__(self, progress):
+            self._progress = progress
+
+        def progress(self):
+            return self._progress
+    err = io.StringIO()
+    job = Job.__new__(Job)
+    job.output = Output(stdout=io.StringIO(), stderr=err)
+    now = time.monotonic()
+    job.coordinator = Coordinator(Progress(40, 2560, now, 123.4, [40, 24], 0.5))
+    job._print_progress(30.0)
+    job.coordinator = Coordinator(Progress(40, 2560, now - 60, 123.4, [40, 24], 0.5))
+    job._print_progress(90.0)
+    first, second = err.getvalue().splitlines()
+    assert first == "[mxlbbsp] 30 s: iteration 40, 123.4 samples/s, batch sizes 40,24"
+    assert second == ("[mxlbbsp] 90 s: iteration 40, no iteration finished for 60 s, "
+                      "batch sizes 40,24")

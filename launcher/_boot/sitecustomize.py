@@ -28,7 +28,8 @@ Not covered (the launcher's stall detection is the backstop): a script that repl
 ``sys.excepthook`` itself; a ``SystemExit`` kept alive in a reference cycle (freed only by a
 later garbage collection); a ``SystemExit`` raised by C code other than ``sys.exit`` (e.g.
 ``_thread.exit``), and ``except SystemExit`` clauses do not catch such a plain one; a hang
-in native code. ``MXLBBSP_EXIT_HOOK=0`` in the environment (``--env``) turns the hook off.
+in native code; a Python started with ``-S``, ``-I`` or ``-E`` (no sitecustomize, or no
+``PYTHONPATH``). ``MXLBBSP_EXIT_HOOK=0`` in the environment (``--env``) turns the hook off.
 
 Only the standard library (and little of it): this runs in every Python process a worker
 starts.
@@ -96,10 +97,12 @@ def _excepthook(previous):
     def hook(exc_type, exc, tb):
         try:
             previous(exc_type, exc, tb)
-        except BaseException:           # noqa: BLE001 - a broken hook must not hang the job
-            sys.__excepthook__(exc_type, exc, tb)
-        if exc_type is None or issubclass(exc_type, KeyboardInterrupt) or not _main_thread():
+        except BaseException:           # noqa: BLE001 - whatever the script's hook raises,
+            sys.__excepthook__(exc_type, exc, tb)   # the worker must still end
+        if exc_type is None or not _main_thread():
             return
+        if issubclass(exc_type, KeyboardInterrupt):
+            _end(130, "KeyboardInterrupt")  # Python's own status for it is 128 + SIGINT
         lines = [ln for ln in _format_only(exc_type, exc) if ln.strip()]
         if issubclass(exc_type, SyntaxError):
             lines = lines[-1:]         # the message (after the file, the code, the caret)
@@ -109,11 +112,8 @@ def _excepthook(previous):
 
 
 def _format_only(exc_type, exc):
-    import traceback
-    try:
-        return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
-    except BaseException:              # noqa: BLE001 - a broken __str__
-        return [exc_type.__name__]
+    import traceback                   # (a broken __str__ is handled there)
+    return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
 
 
 class SystemExit(_PlainSystemExit):    # noqa: A001 - replaces the builtin on purpose
