@@ -115,10 +115,10 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, predictor, time_model, threshold,
+def launch(num_workers, num_servers, hostfile, sync, predictor, time_model, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ssh_port, ssh_identity, ssh_option_items, remote_python,
-           dry_run, command):
+           dry_run, command, r2sp_gap_ratio, r2sp_tuning):
     from .job import Job
 
     config = LaunchConfig(
