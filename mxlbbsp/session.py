@@ -7,8 +7,8 @@ anybody: the loader gets the whole global batch.
 
 Timeline of iteration t on a worker, and what is measured::
 
-    |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|-- slot --|-- push/pull --|
-    |<- alloc wait ---->|<----------- compute_s (stretched by the factor) ->|<- slot ->|<- sync_s ->|
+    |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|- slot -|- push/pull -|
+    |<- alloc wait ---->|<------- compute_s (stretched by the factor) ->|<-slot->|<- sync_s ->|
     wait_s = alloc wait + slot wait + sync_s          iteration_s = compute_s + wait_s
 
 (the slot wait, for a push slot granted by the coordinator, is r2sp's; 0 in other modes)
@@ -251,7 +251,8 @@ class Session:
         """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
         A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``) waits for it from
-        iteration 1 on; the other modes, and a single process, know their split at once. With ``block=False``, None when not known.
+        iteration 1 on; the other modes, and a single process, know their split at once.
+        With ``block=False``, None when not known.
         """
         if iteration == self.first_iteration:
             piece = self._initial

@@ -39,6 +39,8 @@ import collections
 import time
 from typing import Dict, Optional, Tuple
 
+import logging
+
 import numpy as np
 
 from .. import balancer as _bal
@@ -46,6 +48,7 @@ from .. import protocol as P
 from ._api import CoordinatorPolicy, SyncMode, register
 
 TUNINGS = ("paper", "balancer", "none")
+log = logging.getLogger(__name__)
 DEFAULTS = {"gap_ratio": 0.8, "tuning": "paper"}
 EMA_ALPHA = 0.2
 #: the paper's rule, damped: blocking times and speeds are smoothed (EMA with this weight of
@@ -200,6 +203,8 @@ class R2SPPolicy(CoordinatorPolicy):
         if split is not None and next_B is not None and int(split.sum()) != next_B:
             split = _bal.rescale(split, next_B)     # a worker that counts batches differently
         piece = None if split is None or next_B is None else _bal.slice_of(split, rank)
+        log.debug("r2sp: grant rank %d iteration %d (blocked %.4f s, gap %.4f s), next slice %s",
+                  rank, t, now - asked, self.gap, piece)
         self.coordinator._send(rank, P.grant(t, piece))
 
     def _decide(self, t: int, next_B: int) -> np.ndarray:
