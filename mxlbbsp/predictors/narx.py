@@ -76,6 +76,7 @@ MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not 
 CLIP_ERR = 3.0   # an RLS error is clipped to this many running mean |errors|
 WARMUP = 3       # observations before the network is used
 GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
+HANDICAP = 0.03  # the learnt candidates' running errors count this much more (Occam)
 GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
@@ -92,6 +93,7 @@ class NARX(Predictor):
                  memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
+                 handicap: float = HANDICAP,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
                  ):
         super().__init__(num_workers, num_exog)
@@ -104,6 +106,7 @@ class NARX(Predictor):
         self.d_y, self.d_x, self.lam, self.delta = int(d_y), int(d_x), float(lam), float(delta)
         self.clip_err, self.warmup = float(clip_err), int(warmup)
         self.gate_window, self.gate_power = int(gate_window), float(gate_power)
+        self.handicap = float(handicap)
         self.norm_window, self.window = int(norm_window), int(window)
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
@@ -307,12 +310,13 @@ class NARX(Predictor):
         self._cand = cand
         if warm:
             return last.copy()
+        err = self._err.copy()
+        err[:, [0] + list(range(3, err.shape[1]))] *= 1.0 + self.handicap
         if np.isinf(self.gate_power):               # hard: the best one so far
-            w = np.zeros_like(self._err)
-            w[np.arange(len(w)), np.argmin(self._err, axis=1)] = 1.0
+            w = np.zeros_like(err)
+            w[np.arange(len(w)), np.argmin(err, axis=1)] = 1.0
         else:
-            w = (self._err / self._err.min(axis=1, keepdims=True).clip(1e-9)) \
-                ** -self.gate_power
+            w = (err / err.min(axis=1, keepdims=True).clip(1e-9)) ** -self.gate_power
             w /= w.sum(axis=1, keepdims=True)
         out = (w * cand).sum(axis=1)
         return np.where(np.isfinite(out) & (out > 0), out, last)
