@@ -67,9 +67,9 @@ def cli(verbose):
                    "asp: equal split, no barrier (dist_async); r2sp: reserved for round-robin "
                    "synchronisation, not implemented yet.")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
-              help="Speed predictor of each worker's next iteration: narx (a small "
-                   "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
-                   "(autoregressive); oracle knows the --emulate-slowdown schedule ahead "
+              help="Speed predictor of each worker's next iteration: narx (kernel units and "
+                   "a least-squares output layer on past speeds and the --exog signals), ema, "
+                   "last, ar (autoregressive), narx-adam (the first NARX); oracle knows the --emulate-slowdown schedule ahead "
                    "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
 @click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,
