@@ -96,9 +96,9 @@ def cli(verbose):
 @click.option("--epochs", type=float, metavar="E",
               help="courier: how many epochs of the data set --deadline covers.")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
-              help="Speed predictor of each worker's next iteration: narx (a small "
-                   "recurrent network on past speeds and host CPU/memory load), ema, last, ar "
-                   "(autoregressive); oracle knows the --emulate-slowdown schedule ahead "
+              help="Speed predictor of each worker's next iteration: narx (kernel units and "
+                   "a least-squares output layer on past speeds and the --exog signals), ema, "
+                   "last, ar (autoregressive), narx-adam (the first NARX); oracle knows the --emulate-slowdown schedule ahead "
                    "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
 @click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,

@@ -271,6 +271,9 @@ class AffineFit:
         self.intercept = np.zeros(num_workers)
         #: fitted intercept / mean time of the window, per worker, in [0, 1] (0 until fitted)
         self.share = np.zeros(num_workers)
+        #: the share of the time that is fixed cost, for the whole job (one slope pooled
+        #: over the workers; 0 until any worker's batch sizes varied)
+        self.job_share = 0.0
         #: fitted seconds per sample, per worker (NaN until fitted; may be <= 0: noise)
         self.slope = np.full(num_workers, np.nan)
         #: the window's mean batch and mean time per worker
@@ -308,6 +311,14 @@ class AffineFit:
         self.share = np.where(fitted, np.clip(intercept / mt, 0.0, 1.0), self.share)
         self.slope = np.where(fitted, slope, self.slope)
         self.mean_batch, self.mean_time = mb, mt
+        # The job's fixed-cost share from one slope pooled over the workers' windows (each
+        # worker's own deviations from its means): n times the data of one worker's fit,
+        # so far less noisy; only where the batch sizes varied enough.
+        spread_ok = (count >= 4) & (spread >= self.min_spread)
+        if spread_ok.any():
+            pooled = float((db * dt)[spread_ok].sum() / sbb[spread_ok].sum())
+            fixed = 1.0 - max(pooled, 0.0) * mb[spread_ok] / mt[spread_ok]
+            self.job_share = float(np.clip(np.median(fixed), 0.0, 1.0))
 
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 TIME_MODELS = ("auto", "linear", "affine")
 #: ``auto``: the affine model once the fitted fixed cost is at least FIXED_SHARE[1] of the
-#: workers' time (median over workers), back to linear below FIXED_SHARE[0] (hysteresis: the
+#: workers' time (AffineFit.job_share), back to linear below FIXED_SHARE[0] (hysteresis: the
 #: fit is noisy on tiny models)
 FIXED_SHARE = (0.3, 0.5)
 
@@ -537,7 +537,7 @@ class Coordinator:
         if kind != "linear":
             self._fit.observe(batch, compute)
         if kind == "auto":
-            share = float(np.median(self._fit.share))
+            share = self._fit.job_share
             self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
         if kind == "auto" and self._fixed_dominates:
             model = self._fixed_cost_model(t, batch, compute, exog)

@@ -13,14 +13,16 @@ column             meaning (over the window)
                    host busy time (/proc/stat: user+nice+system+irq+softirq) minus this
                    process's own CPU time (``os.times``, all threads) and its children's
                    (data-loading workers; the list is refreshed every ``CHILDREN_EVERY``
-                   windows, because listing them costs ~8 ms). The job's other workers and
+                   snapshots, because listing them costs ~8 ms). The job's other workers and
                    servers on the same host count as "others": telling them apart would need
                    their pids on every worker, and they contend for the same cores anyway.
 ``ctx_invol``      involuntary context switches per second (the scheduler took the CPU away),
                    as ``psutil.Process().num_ctx_switches()`` gives them (/proc/self/status:
                    on Linux, the main thread's; the Python thread that drives MXNet)
 ``run_delay``      time this process's threads spent runnable but waiting for a CPU
-                   (/proc/self/task/*/schedstat, 2nd field), as a share of the window
+                   (/proc/self/task/*/schedstat, 2nd field; the thread list refreshed every
+                   ``CHILDREN_EVERY`` snapshots), as a share of the window (summed over
+                   threads, so it can exceed 1)
 ``cpu_pressure``   Linux pressure stall information: the growth of /proc/pressure/cpu "some
                    total" (microseconds during which some task waited for a CPU) as a share
                    of the window; NaN where the file does not exist (kernel < 4.20, PSI off)
@@ -90,14 +92,16 @@ def _pressure() -> float:
     return _NAN
 
 
-def _threads():
-    """Seconds this process's threads waited runnable for a CPU, summed over threads
-    (/proc/self/task/<tid>/schedstat, 2nd field, ns); NaN where missing."""
+def _threads(tids=None):
+    """Seconds this process's threads waited runnable for a CPU, summed over the threads
+    ``tids`` (default: all; /proc/self/task/<tid>/schedstat, 2nd field, ns); NaN where
+    missing."""
     delay, read = 0.0, 0
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return _NAN
+    if tids is None:
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return _NAN
     for tid in tids:
         data = _read(f"/proc/self/task/{tid}/schedstat")
         if data is None:        # the thread ended meanwhile, or no schedstat here
@@ -115,8 +119,9 @@ class Signals:
 
     def __init__(self):
         self._cpus = os.cpu_count() or 1
-        self._reads = 0
+        self._snapshots = 0
         self._children: List = []
+        self._tids: Optional[List[str]] = None
         self._start: Optional[dict] = None
         try:
             import psutil
@@ -130,7 +135,7 @@ class Signals:
         own = t.user + t.system
         if self._proc is None:
             return own
-        if self._reads % CHILDREN_EVERY == 0:
+        if self._snapshots % CHILDREN_EVERY == 0:
             try:
                 self._children = self._proc.children(recursive=True)
             except Exception:  # noqa: BLE001 - psutil.Error: keep the old list
@@ -152,9 +157,15 @@ class Signals:
             return _NAN
 
     def _snapshot(self) -> dict:
+        if self._snapshots % CHILDREN_EVERY == 0:    # threads come and go rarely
+            try:
+                self._tids = os.listdir("/proc/self/task")
+            except OSError:
+                self._tids = None
         host = _host_stat()
         snap = {"wall": time.monotonic(), "own": self._own_cpu(), "ctx": self._ctx(),
-                "delay": _threads(), "psi": _pressure()}
+                "delay": _threads(self._tids), "psi": _pressure()}
+        self._snapshots += 1
         if host is None:
             snap.update(busy=_NAN, total=_NAN, steal=_NAN, running=_NAN)
         else:
@@ -169,7 +180,6 @@ class Signals:
         """The signals over the window since :meth:`begin` (or the previous read), and start
         the next window. The first read without a begin gives NaN everywhere."""
         end = self._snapshot()
-        self._reads += 1
         start, self._start = self._start, end
         if start is None:
             return {name: _NAN for name in NAMES}

@@ -142,3 +142,28 @@ def test_affine_fit_keeps_the_linear_model_when_batches_never_change():
     for _ in range(10):
         fit.observe([32], [0.3])
     assert fit.intercept.tolist() == [0.0]
+
+
+def test_prefer_equal_pulls_a_split_back_when_uneven_gains_nothing():
+    # fixed cost 10 s, per-sample 0.01 s and 0.011 s: the best split gains < 3 %
+    model = TimeModel(np.array([100.0, 90.9]), np.array([10.0, 10.0]))
+    bal = Balancer(0.03, prefer_equal=True)
+    assert bal.allocate(model, 64, [63, 1]).tolist() == [32, 32]
+    plain = Balancer(0.03)
+    assert plain.allocate(model, 64, [63, 1]).tolist() == [63, 1]     # kept: the old rule
+    # a worker 3x slower per sample with no fixed cost: uneven wins by far
+    assert bal.allocate(TimeModel.linear([3.0, 1.0]), 64, [32, 32]).tolist() == [48, 16]
+
+
+def test_affine_fit_job_share_sees_a_time_that_does_not_grow_with_the_batch():
+    rng = np.random.default_rng(0)
+    fit = AffineFit(2)
+    for t in range(40):
+        b = np.array([32 + (t % 8) * 4, 32 - (t % 8) * 4], dtype=float)
+        fit.observe(b, 0.005 * np.exp(rng.normal(0, 0.3, 2)))     # 5 ms +- 30 %, any b
+    assert fit.job_share >= 0.5
+    lin = AffineFit(2)
+    for t in range(40):
+        b = np.array([32 + (t % 8) * 4, 32 - (t % 8) * 4], dtype=float)
+        lin.observe(b, 0.001 * b * np.exp(rng.normal(0, 0.05, 2)))  # per-sample only
+    assert lin.job_share < 0.3

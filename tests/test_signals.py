@@ -27,7 +27,7 @@ class FakeHost:
         monkeypatch.setattr(signals, "_host_stat",
                             lambda: (self.busy, self.total, self.steal, self.running))
         monkeypatch.setattr(signals, "_pressure", lambda: self.psi)
-        monkeypatch.setattr(signals, "_threads", lambda: self.delay)
+        monkeypatch.setattr(signals, "_threads", lambda tids=None: self.delay)
         monkeypatch.setattr(signals.os, "cpu_count", lambda: cpus)
         s = signals.Signals()
         monkeypatch.setattr(s, "_own_cpu", lambda: self.own)
