@@ -123,6 +123,11 @@ class Trainer(gluon.Trainer):
             self._optimizer.rescale_grad = self._scale / norm
         if self._params_to_init:
             self._init_params()
+            if self._distributed and not self._update_on_kvstore:
+                # The initial pull of the parameters must be done before this worker pushes
+                # gradients to the same keys: else the others' pushes and this one can
+                # complete a round first, and the pull returns a gradient sum instead.
+                nd.waitall()
         self._allreduce_grads()
         self._update(ignore_stale_grad)
         if sess is not None and self._distributed and not self._update_on_kvstore:
