@@ -50,6 +50,11 @@ def parse_args(argv=None):
     p.add_argument("--last-batch", default="keep", choices=["keep", "discard"])
     p.add_argument("--save-params", help="save the trained parameters here (rank 0)")
     p.add_argument("--log-interval", type=int, default=20)
+    p.add_argument("--update-on-kvstore", action="store_true",
+                   help="run the optimizer on the servers (MXNet's default on dist_sync; "
+                   "no checkpoints then) instead of on every worker (benchmarks)")
+    p.add_argument("--no-bn-sync", action="store_true",
+                   help="leave each worker's BatchNorm running statistics its own (benchmarks)")
     p.add_argument("--eval", action="store_true", help="report test accuracy every epoch")
     p.add_argument("--eval-interval", type=int, default=0, metavar="N",
                    help="rank 0 evaluates test accuracy every N iterations and logs 'eval: "
@@ -91,9 +96,11 @@ def main(argv=None):
                                 num_workers=args.loader_workers)
     trainer = mxlbbsp.Trainer(net.collect_params(), "sgd",                   # mxlbbsp
                               {"learning_rate": args.lr, "momentum": args.momentum,
-                               "wd": args.wd})
+                               "wd": args.wd},
+                              update_on_kvstore=True if args.update_on_kvstore else None)
+    trainer.sync_aux = not args.no_bn_sync
     rank = mxlbbsp.rank()
-    iteration, started = 0, time.time()
+    iteration, started = loader.resumed_iteration, time.time()  # > 0 after --resume
     eval_s = 0.0                                   # time spent in --eval-interval evaluations
     test_batches = None
     if args.eval_interval and rank == 0 and test is not None:

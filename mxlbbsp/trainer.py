@@ -131,6 +131,11 @@ class Trainer(gluon.Trainer):
             self._optimizer.rescale_grad = self._scale / norm
         if self._params_to_init:
             self._init_params()
+            if self._distributed and not self._update_on_kvstore:
+                # The initial pull of the parameters must be done before this worker pushes
+                # gradients to the same keys: else the others' pushes and this one can
+                # complete a round first, and the pull returns a gradient sum instead.
+                nd.waitall()
         self._allreduce_grads()
         self._update(ignore_stale_grad)
         if sess is not None and self._distributed and not self._update_on_kvstore:
@@ -142,6 +147,25 @@ class Trainer(gluon.Trainer):
                     (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
                 with sess.untimed():
                     self.save_checkpoint(self._ckpt_dir)
+
+    def _allreduce_grads(self):
+        """Gradient sums from the servers: ``push`` then ``pull``, never ``pushpull``.
+
+        A ps-lite server without an updater answers a pushpull with its stored sum *before*
+        its asynchronous copy of the new sum has finished (MXNet 1.9
+        ``KVStoreDistServer::ApplyUpdates``), so some workers would apply the previous
+        iteration's sum; a plain push is answered the same way but the server waits for the
+        copy before it serves the next request, the pull.
+        """
+        if not (self._kvstore and self._distributed and not self._update_on_kvstore) or \
+                any(p.grad_req != "null" and p.list_grad()[0].stype != "default"
+                    for p in self._params):
+            return super()._allreduce_grads()
+        for i, param in enumerate(self._params):
+            if param.grad_req != "null":
+                grads = param.list_grad()
+                self._kvstore.push(i, grads, priority=-i)
+                self._kvstore.pull(i, grads, priority=-i)
 
     # ---- one model on every worker ------------------------------------------------------
 
