@@ -48,7 +48,7 @@ def test_unregistered_mode_is_refused_by_env_and_launch_config():
     with pytest.raises(_env.EnvError, match="MXLBBSP_SYNC='bogus': not a sync mode"):
         _env.sync({"MXLBBSP_SYNC": "bogus"})
     with pytest.raises(ConfigError, match=r"^--sync 'bogus': choose one of lbbsp, bsp, asp, "
-                       r"r2sp$"):
+                       r"r2sp, courier$"):
         LaunchConfig(command=["x"], num_workers=1, sync="bogus")
 
 

@@ -184,8 +184,11 @@ def test_two_hosts_train_to_the_end(sshd, hostfile):
         assert env["pwd"] == str(ROOT), env     # sshd starts a session in $HOME
         assert env["rank"] == str(rank)
         assert (env["omp"], env["mxnet"]) == ("1", "1")      # conftest sets both
+        # the guard puts the workers' exit hook (launcher/_boot) before the forwarded path
+        boot = str(ROOT / "launcher" / "_boot")
         assert (env["venv"], env["pythonpath"], env["ld"]) == (
-            forwarded["VIRTUAL_ENV"], forwarded["PYTHONPATH"], forwarded["LD_LIBRARY_PATH"])
+            forwarded["VIRTUAL_ENV"], f"{boot}:{forwarded['PYTHONPATH']}",
+            forwarded["LD_LIBRARY_PATH"])
         assert (env["extra"], env["mark"]) == ("a b;$c'd", r.marker)
     assert "[worker 0@127.0.0.1] done: 8 iterations" in r.stdout, r.output
     # the launcher's figures leave the warm-up iteration out, as mxlbbsp report does
