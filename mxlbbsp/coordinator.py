@@ -357,7 +357,8 @@ class Coordinator:
     def _refusal_summary(self) -> None:
         self._refusal_timer = None
         if self._refusals_unshown:
-            log.warning("refused %d more connection(s) in the last %g s (bad hello or token; "
+            log.warning("refused %d more connection(s) in the last %g s (bad, oversized or "
+                        "unauthenticated hello; "
                         "%d in all)", self._refusals_unshown, REFUSAL_SUMMARY_S, self.refused)
             self._refusals_unshown = 0
 

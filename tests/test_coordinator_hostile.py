@@ -2,7 +2,6 @@
 started Coordinator), a metrics file that stops taking writes, and the end-of-job figures."""
 import logging
 import socket
-import threading
 import time
 
 import pytest
@@ -11,7 +10,8 @@ from mxlbbsp import coordinator as coordinator_module
 from mxlbbsp import metrics
 from mxlbbsp import protocol as P
 from mxlbbsp.session import JobAborted
-from test_coordinator import TOKEN, coordinator, finished_records, run_iteration, sessions  # noqa: F401
+from test_coordinator import (TOKEN, coordinator, finished_records,  # noqa: F401
+                              run_iteration, sessions)
 
 
 def closed_by_peer(sock, timeout=10.0) -> bool:

@@ -3,11 +3,9 @@ MXNet kvstore script): every socket its processes listen on is on IFACE's addres
 import os
 import socket
 import subprocess
-import time
 import uuid
 
 import psutil
-import pytest
 
 from conftest import PY, ROOT, mxlbbsp_argv, processes_with, wait_no_leftovers
 
