@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, EXAMPLE, mxlbbsp_argv, processes_with, run_mxlbbsp, \
     wait_no_leftovers
 from netns import Netns
+from mxlbbsp.launcher.guard import BOOT_DIR
 from sshd import Sshd, ensure_installed
 
 pytestmark = pytest.mark.ssh
@@ -184,8 +185,10 @@ def test_two_hosts_train_to_the_end(sshd, hostfile):
         assert env["pwd"] == str(ROOT), env     # sshd starts a session in $HOME
         assert env["rank"] == str(rank)
         assert (env["omp"], env["mxnet"]) == ("1", "1")      # conftest sets both
+        # the guard puts the workers' exit hook (launcher/_boot) first on PYTHONPATH
         assert (env["venv"], env["pythonpath"], env["ld"]) == (
-            forwarded["VIRTUAL_ENV"], forwarded["PYTHONPATH"], forwarded["LD_LIBRARY_PATH"])
+            forwarded["VIRTUAL_ENV"], os.pathsep.join([BOOT_DIR, forwarded["PYTHONPATH"]]),
+            forwarded["LD_LIBRARY_PATH"])
         assert (env["extra"], env["mark"]) == ("a b;$c'd", r.marker)
     assert "[worker 0@127.0.0.1] done: 8 iterations" in r.stdout, r.output
     assert re.search(r"\[mxlbbsp\] done in [\d.]+ s: 8 iterations", r.stderr), r.output
