@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, EXAMPLE, mxlbbsp_argv, processes_with, run_mxlbbsp, \
     wait_no_leftovers
 from netns import Netns
+from mxlbbsp.launcher.guard import BOOT_DIR
 from sshd import Sshd, ensure_installed
 
 pytestmark = pytest.mark.ssh
@@ -184,10 +185,9 @@ def test_two_hosts_train_to_the_end(sshd, hostfile):
         assert env["pwd"] == str(ROOT), env     # sshd starts a session in $HOME
         assert env["rank"] == str(rank)
         assert (env["omp"], env["mxnet"]) == ("1", "1")      # conftest sets both
-        # the guard puts the workers' exit hook (launcher/_boot) before the forwarded path
-        boot = str(ROOT / "launcher" / "_boot")
+        # the guard puts the workers' exit hook (launcher/_boot) first on PYTHONPATH
         assert (env["venv"], env["pythonpath"], env["ld"]) == (
-            forwarded["VIRTUAL_ENV"], f"{boot}:{forwarded['PYTHONPATH']}",
+            forwarded["VIRTUAL_ENV"], os.pathsep.join([BOOT_DIR, forwarded["PYTHONPATH"]]),
             forwarded["LD_LIBRARY_PATH"])
         assert (env["extra"], env["mark"]) == ("a b;$c'd", r.marker)
     assert "[worker 0@127.0.0.1] done: 8 iterations" in r.stdout, r.output
@@ -273,12 +273,14 @@ def test_launcher_killed_leaves_nothing(sshd, hostfile, running):
 
 
 def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
-    job = running(launch(sshd, hostfile, "--stall-timeout", "10") +
+    # 30 s: the limit also holds until the first iteration, which a busy 2-core machine can
+    # take more than 10 s to reach (MXNet's import over two SSH sessions)
+    job = running(launch(sshd, hostfile, "--stall-timeout", "30") +
                   ["--", *TRAIN, "--epochs", "1000"])
     job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
     workers_of(job.marker, 2)[1].suspend()      # a peer that hangs rather than fails
-    assert job.wait(60) == 124, job.output
-    assert "error: no iteration finished for 10 s" in job.output
+    assert job.wait(90) == 124, job.output
+    assert "error: no iteration finished for 30 s (--stall-timeout" in job.output
     assert_nothing_left(sshd, job.marker)
 
 
