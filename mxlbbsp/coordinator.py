@@ -43,7 +43,7 @@ TIME_MODELS = ("auto", "linear", "affine")
 FIXED_SHARE = (0.3, 0.5)
 #: ``auto`` in the fixed-cost regime: a worker whose fitted time at the equal batch is this
 #: many times another's is clearly slower, and the linear model balances them
-CLEARLY_SLOWER = 1.5
+CLEARLY_SLOWER = 2.0
 
 
 @dataclasses.dataclass
