@@ -103,9 +103,10 @@ def cli(verbose):
 @click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
-                   "b / speed with a fitted fixed cost a per worker; auto: affine, keeping "
-                   "the split equal unless an uneven one gains --threshold, once the fixed "
-                   "cost is half the time or more (tiny models), else linear.")
+                   "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
+                   "cost is half the time or more (tiny models), keep the split equal unless "
+                   "an uneven one gains --threshold or a worker is clearly (2x) slower; "
+                   "else linear.")
 @click.option("--exog", default="auto", show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "

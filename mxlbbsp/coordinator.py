@@ -45,6 +45,9 @@ TIME_MODELS = ("auto", "linear", "affine")
 #: workers' time (AffineFit.job_share), back to linear below FIXED_SHARE[0] (hysteresis: the
 #: fit is noisy on tiny models)
 FIXED_SHARE = (0.3, 0.5)
+#: ``auto`` in the fixed-cost regime: a worker whose fitted time at the equal batch is this
+#: many times another's is clearly slower, and the linear model balances them
+CLEARLY_SLOWER = 2.0
 
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
@@ -540,9 +543,19 @@ class Coordinator:
         if kind == "auto":
             share = self._fit.job_share
             self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
+        model = None
         if kind == "auto" and self._fixed_dominates:
-            model = self._fixed_cost_model(t, batch, compute, exog)
-        else:
+            model = self._fixed_cost_model(batch, compute)
+            # A worker clearly slower at the same batch (a slow host, not noise) is balanced
+            # as before: the linear model, the slow worker gets proportionally less.
+            at_equal = model.time(np.full(n, batch.sum() / n))
+            if at_equal.max() > CLEARLY_SLOWER * at_equal.min():
+                model = None
+            else:       # the predictor still observes (whole-time speeds): no gaps in its lags
+                if hasattr(self._predictor, "advance"):
+                    self._predictor.advance(t)
+                self._predictor.observe(batch / compute, exog)
+        if model is None:
             fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
                 else np.zeros(n)
             # The predictor sees the batch-invariant (marginal) speed; with the linear model
@@ -572,18 +585,14 @@ class Coordinator:
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
         self._predictor.learn()     # training, after the broadcast: off the critical path
 
-    def _fixed_cost_model(self, t, batch, compute, exog) -> _bal.TimeModel:
+    def _fixed_cost_model(self, batch, compute) -> _bal.TimeModel:
         """``auto`` while the fixed cost dominates (tiny models): the fitted line of each
         worker's window (t_i(b) = a_i + c_i b through its mean batch and mean time), not
         one-step forecasts, whose noise alone (+-30 % on a 5 ms iteration) would move the
         split to an extreme every few iterations. A non-positive slope (time does not grow
         with the batch, within the noise) counts as 1 % of the time per mean batch, so that
         moving samples gains little and the split stays equal (prefer_equal) unless a
-        worker is clearly slower. The predictor still observes (whole-time speeds), so
-        that it is warm if the job leaves this regime."""
-        if hasattr(self._predictor, "advance"):
-            self._predictor.advance(t)
-        self._predictor.observe(batch / compute, exog)
+        worker is clearly slower (then the caller uses the linear model after all)."""
         fit = self._fit
         mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
         mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
