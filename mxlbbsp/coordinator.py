@@ -120,6 +120,7 @@ class Coordinator:
         self._totals = np.zeros((n, 5))
         self._start = 0                              # first iteration (> 0 when resumed)
         self._written = 0                            # metrics records in the file
+        self._resumed_sizes: Optional[np.ndarray] = None   # the split a checkpoint saved
         if config.resume_manifest is not None:
             self._start = int(config.resume_manifest["iteration"]) + 1
             self._iteration = self._start - 1
@@ -337,7 +338,7 @@ class Coordinator:
             else:
                 B = int(self._hellos[0]["global_batch_size"])
                 self._sizes = _bal.equal_split(B, n)
-                resumed = getattr(self, "_resumed_sizes", None)
+                resumed = self._resumed_sizes
                 if resumed is not None and int(resumed.sum()) == B and self.config.sync == "lbbsp":
                     self._sizes = resumed          # the split balancing had reached
                 self._broadcast(P.welcome(n, self.config.sync, self._sizes))
