@@ -163,6 +163,7 @@ class Coordinator:
         self._refusal_timer = None
         self._start = 0                              # first iteration (> 0 when resumed)
         self._written = 0                            # metrics records in the file
+        self._resumed_sizes: Optional[np.ndarray] = None   # the split a checkpoint saved
         if config.resume_manifest is not None:
             self._start = int(config.resume_manifest["iteration"]) + 1
             self._iteration = self._start - 1
@@ -449,7 +450,7 @@ class Coordinator:
             else:
                 B = int(self._hellos[0]["global_batch_size"])
                 self._sizes = np.asarray(self._policy.first_split(B))
-                resumed = getattr(self, "_resumed_sizes", None)
+                resumed = self._resumed_sizes
                 if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
                     self._sizes = resumed          # the split balancing had reached
                 self._broadcast(P.welcome(n, self.config.sync, self._sizes))
