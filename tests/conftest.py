@@ -55,11 +55,19 @@ def processes_with(marker: str):
     return found
 
 
+def _alive(p) -> bool:
+    """Not a zombie, and still there (a process of a dying job may go between the calls)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def wait_no_leftovers(marker: str, timeout: float = 10.0):
     """[] once nothing carries the marker; else what is left after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in processes_with(marker) if p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in processes_with(marker) if _alive(p)]
         if not left or time.monotonic() > deadline:
             return [(p.pid, " ".join(p.cmdline())) for p in left]
         time.sleep(0.2)
