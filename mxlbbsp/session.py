@@ -287,6 +287,9 @@ class Session:
         :attr:`batch_global`.
         """
         t = self.iteration + 1
+        with self._cond:
+            if self._failure is not None:      # the job failed: stop here, in every mode
+                raise JobAborted(self._failure)
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
