@@ -16,6 +16,7 @@ trainable parameter in both update modes, plus one per running statistic with th
     python benchmarks/checkpoint.py --quick    # 1 round x 30 iterations
 """
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -96,8 +97,8 @@ def main():
     table = (f"ResNet-20, synthetic 3x32x32, global batch {args.batch_size}, 2 workers at 1:3 "
              f"(LB-BSP) + 1 server on this machine, {iters} iterations per run (first 5 left "
              f"out), {rounds} round(s), modes interleaved; checkpoint every {args.every}. "
-             "The machine was shared with other jobs (other helpers' tests): ratios, not "
-             "absolute figures.\n\n" + "\n".join(rows) +
+             f"Load average at the start: {os.getloadavg()[0]:.1f}. Ratios, not absolute "
+             "figures.\n\n" + "\n".join(rows) +
              f"\n\nBatchNorm combination: workers+bn / workers = **{bn_cost:.3f}x** "
              f"({aux_floats:,} running-statistic floats next to {train_floats:,} trainable). "
              f"Checkpoints: workers+bn+ckpt / workers+bn = **{ck_cost:.3f}x**.")
