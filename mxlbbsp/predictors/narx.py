@@ -87,6 +87,19 @@ WINDOW = 64      # speeds kept for the sanity range
 SCALE = 0.1      # log-speed unit of the features and the target
 
 
+
+def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values: np.ndarray,
+                    window: int) -> np.ndarray:
+    """One step of the running mean and variance of every entry of ``values`` (NaN: no
+    reading this time): cumulative over the first ``window`` readings, exponential after.
+    ``seen`` and ``mean`` are updated in place; returns the new variance."""
+    finite = np.isfinite(values)
+    seen += finite
+    rate = np.where(finite, 1.0 / np.maximum(np.minimum(seen, window), 1), 0)
+    delta = np.where(finite, values - mean, 0.0)
+    mean += rate * delta
+    return (1 - rate) * (var + rate * delta * delta)   # West's weighted update
+
 @register("narx")
 class NARX(Predictor):
     """Random-feature NARX with an RLS output layer, per worker (see the module docstring)."""
@@ -250,12 +263,7 @@ class NARX(Predictor):
         return np.where(total > 1e-3, mean, np.nan)
 
     def _update_stats(self, values: np.ndarray) -> None:
-        finite = np.isfinite(values)
-        self._seen += finite
-        rate = np.where(finite, 1.0 / np.maximum(np.minimum(self._seen, self.norm_window), 1), 0)
-        delta = np.where(finite, values - self._mean, 0.0)
-        self._mean += rate * delta
-        self._var = (1 - rate) * (self._var + rate * delta * delta)   # West's weighted update
+        self._var = running_moments(self._seen, self._mean, self._var, values, self.norm_window)
 
     def _rls(self, phi, target, ok) -> None:
         """One recursive-least-squares step per worker whose pair is usable (``ok``)."""

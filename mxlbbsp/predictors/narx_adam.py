@@ -81,6 +81,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._api import Predictor, register
+from .narx import running_moments
 
 #: default hyperparameters (see the module docstring for how they were chosen)
 D_Y = 3          # speed delay line
@@ -237,12 +238,7 @@ class NARX(Predictor):
 
     def _update_stats(self, values: np.ndarray) -> None:
         """Running mean and variance, then every input's centre and 1 / scale."""
-        finite = np.isfinite(values)
-        self._seen += finite
-        rate = np.where(finite, 1.0 / np.maximum(np.minimum(self._seen, self.norm_window), 1), 0)
-        delta = np.where(finite, values - self._mean, 0.0)
-        self._mean += rate * delta
-        self._var = (1 - rate) * (self._var + rate * delta * delta)   # West's weighted update
+        self._var = running_moments(self._seen, self._mean, self._var, values, self.norm_window)
         mean, sd = self._mean, np.sqrt(self._var)
         sd_y = np.maximum(sd[:, :1], 1e-3 * np.abs(mean[:, :1]) + 1e-12)
         sd_x = np.maximum(sd[:, 1:], 1e-2 * np.abs(mean[:, 1:]) + 1e-6)
