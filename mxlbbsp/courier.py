@@ -173,12 +173,11 @@ class BatchPlanner:
     * when no batch meets the deadline, takes the fastest one and says so (``missing``).
     """
 
-    def __init__(self, lo: int, hi: int, deadline_s: float, every: int = 5, margin: float = 0.1,
+    def __init__(self, lo: int, hi: int, every: int = 5, margin: float = 0.1,
                  min_step: float = 1.15, per_octave: int = 4):
         if not 0 <= margin < 1:
             raise ValueError("margin must be in [0, 1)")
         self.lo, self.hi = int(lo), int(hi)
-        self.deadline_s = float(deadline_s)
         self.every = max(1, int(every))
         self.margin = float(margin)
         self.min_step = float(min_step)

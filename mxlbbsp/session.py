@@ -109,7 +109,7 @@ class Session:
             raise _env.refuse(exc) from None
         self.mode = _modes.get(self.sync)
         #: the coordinator chooses each global batch B(t) (a mode like courier)
-        self.sets_batch = bool(getattr(self.mode, "sets_batch", False))
+        self.sets_batch = self.mode.sets_batch
         #: a single process replays recorded global batch sizes (DataLoader batch_schedule)
         self.replaying = False
         self.lr_scaling = _env.lr_scaling(env)
@@ -246,13 +246,14 @@ class Session:
 
     # ---- allocations --------------------------------------------------------------------
 
-    def slice(self, iteration: int, global_batch: int,
+    def slice(self, iteration: int, global_batch: Optional[int],
               block: bool = True) -> Optional[_bal.Slice]:
         """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
-        A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``) waits for it from
-        iteration 1 on; the other modes, and a single process, know their split at once.
-        With ``block=False``, None when not known.
+        A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``, ``courier``) waits
+        for it from iteration 1 on; the other modes, and a single process, know their split at
+        once. ``global_batch=None``: the size the coordinator chose (:attr:`sets_batch`), the
+        slice as it came. With ``block=False``, None when not known.
         """
         if iteration == self.first_iteration:
             piece = self._initial
@@ -262,15 +263,22 @@ class Session:
             piece = self._wait_allocation(iteration, block)
             if piece is None:
                 return None
+        if global_batch is None:
+            return piece
         return _bal.rescale_slice(piece, self.rank, self.num_workers, global_batch)
+
+    def _check_going(self) -> None:
+        """Raise if the job ended under this worker: the coordinator announced a failure,
+        or the connection to it broke. Call with ``self._cond`` held."""
+        if self._failure is not None:
+            raise JobAborted(self._failure)
+        if self._lost:
+            raise CoordinatorLost("lost the connection to the coordinator")
 
     def _wait_allocation(self, iteration: int, block: bool) -> Optional[_bal.Slice]:
         with self._cond:
             while iteration not in self._alloc:
-                if self._failure is not None:
-                    raise JobAborted(self._failure)
-                if self._lost:
-                    raise CoordinatorLost("lost the connection to the coordinator")
+                self._check_going()
                 if not block:
                     return None
                 self._cond.wait(1.0)
@@ -293,11 +301,8 @@ class Session:
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
-        if global_batch is None:
-            piece = self._initial if t == 0 else self._wait_allocation(t, True)
-            global_batch = piece.total
-        else:
-            piece = self.slice(t, global_batch)
+        piece = self.slice(t, global_batch)
+        global_batch = piece.total
         self._alloc_wait = time.perf_counter() - start
         self.iteration = t
         self.batch_global = int(global_batch)
@@ -366,10 +371,7 @@ class Session:
         self._send(P.request(t, self.next_global_batch()))
         with self._cond:
             while self._granted < t:
-                if self._failure is not None:
-                    raise JobAborted(self._failure)
-                if self._lost:
-                    raise CoordinatorLost("lost the connection to the coordinator")
+                self._check_going()
                 self._cond.wait(1.0)
         self._slot_wait = time.perf_counter() - start
 

@@ -82,7 +82,7 @@ def test_work_counts_the_short_last_batch_of_each_epoch():
 def test_planner_moves_up_when_the_cluster_slows_and_keeps_still_under_noise():
     rng = np.random.default_rng(0)
     n, epoch = 4, 50000
-    planner = courier.BatchPlanner(64, 1024, deadline_s=0, every=5, margin=0.1)
+    planner = courier.BatchPlanner(64, 1024, every=5, margin=0.1)
     fast = np.full(n, 2000.0)
     work = courier.Work(epoch, epoch, 2)
     rows = courier.plan(_model(fast), 0.01, work, planner.batches)
@@ -105,7 +105,7 @@ def test_planner_moves_up_when_the_cluster_slows_and_keeps_still_under_noise():
 
 
 def test_planner_says_when_no_batch_meets_the_deadline():
-    planner = courier.BatchPlanner(64, 256, deadline_s=1)
+    planner = courier.BatchPlanner(64, 256)
     work = courier.Work(10**6, 10**6, 1)
     b = planner.initial(_model([100.0, 100.0]), 0.01, work, time_left=1.0)
     assert planner.missing and b == 256

@@ -54,16 +54,15 @@ class CourierPolicy(LBBSPPolicy):
         self.deadline_s = _courier.parse_duration(opts["deadline"])
         self.lo, self.hi = _courier.parse_batch_range(opts["batch_range"])
         self.epochs = float(opts["epochs"])
-        self.planner = _courier.BatchPlanner(self.lo, self.hi, self.deadline_s,
-                                             every=int(opts["every"]))
+        self.planner = _courier.BatchPlanner(self.lo, self.hi, every=int(opts["every"]))
         #: the deadline counts from the launch (the coordinator starts with the job)
         self.started = time.monotonic()
         self.dataset_size = 0
         self.trained = 0                 # samples of the iterations decided so far
         self.totals = {}                 # iteration -> B(t) as sent
         self.sync_s: Optional[float] = None
-        self.predicted_finish: dict = {}  # iteration -> predicted seconds from the start
-        self.elapsed: dict = {}           # iteration -> seconds from the start when planned
+        #: iteration -> (seconds from the start when it was planned, predicted finish)
+        self.plans: dict = {}
         self._warned = False
 
     # ---- registration -----------------------------------------------------------------
@@ -125,27 +124,23 @@ class CourierPolicy(LBBSPPolicy):
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
                                     self.coordinator._balancer.max_batch)
-        if self.sync_s is not None and self.planner.missing and not self._warned:
-            self._warned = True
-            finish = self.planner.predicted_finish()
-            log.warning("no global batch in %d:%d meets the deadline: %s of work left at the "
-                        "fastest (B=%d), %s to the deadline; running at B=%d",
-                        self.lo, self.hi, _courier.format_duration(finish), B,
-                        _courier.format_duration(time_left), B)
-        elif self.sync_s is not None and not self.planner.missing:
-            self._warned = False
+            if self.planner.missing and not self._warned:
+                log.warning("no global batch in %d:%d meets the deadline: %s of work left at "
+                            "the fastest (B=%d), %s to the deadline; running at B=%d",
+                            self.lo, self.hi,
+                            _courier.format_duration(self.planner.predicted_finish()), B,
+                            _courier.format_duration(time_left), B)
+            self._warned = self.planner.missing
         B = self._cap(B, next_B)
         if current is not None and int(current.sum()) != B:
             current = _bal.rescale(current, B)
         sizes = self.coordinator._balancer.allocate(model, B, current)
         self.coordinator._send_allocation(t + 1, sizes)
         self._decided(t, sizes)
-        finish = self.planner.predicted_finish(self.planner.current)
-        self.predicted_finish[t + 1] = elapsed + finish if math.isfinite(finish) else None
-        self.elapsed[t + 1] = elapsed
-        for old in [k for k in self.elapsed if k < t - 64]:
-            self.elapsed.pop(old, None)
-            self.predicted_finish.pop(old, None)
+        finish = self.planner.predicted_finish()
+        self.plans[t + 1] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
+        for old in [k for k in self.plans if k < t - 64]:
+            del self.plans[old]
         return sizes
 
     def on_done(self, rank, msg):
@@ -156,9 +151,9 @@ class CourierPolicy(LBBSPPolicy):
 
     def record_fields(self, t: int) -> dict:
         """Courier's columns of the metrics record of iteration t."""
-        return {"deadline_s": self.deadline_s,
-                "predicted_finish_s": self.predicted_finish.get(t),
-                "elapsed_s": self.elapsed.get(t), "batch_range": [self.lo, self.hi]}
+        elapsed, finish = self.plans.get(t, (None, None))
+        return {"deadline_s": self.deadline_s, "predicted_finish_s": finish,
+                "elapsed_s": elapsed, "batch_range": [self.lo, self.hi]}
 
 
 @register
