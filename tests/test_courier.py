@@ -335,3 +335,21 @@ def test_report_plots_the_plan_of_a_courier_run(tmp_path):
     assert (tmp_path / "out" / "run-plan.png").stat().st_size > 10000
     html = open(index).read()
     assert "run-plan.png" in html and "deadline" in html
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--sync", "courier", "--epochs", "1", "--deadline", "15"], "unit"),
+    (["--sync", "courier", "--epochs", "1", "--deadline", "-5m"], "positive"),
+    (["--sync", "courier", "--epochs", "1", "--deadline", "5m", "--batch-range", "64:32"],
+     "inverted"),
+    (["--sync", "courier", "--epochs", "1", "--deadline", "5m", "--batch-range", "2:64"],
+     "below the number of workers"),
+    (["--sync", "bsp", "--deadline", "5m"], "only --sync courier chooses the global batch"),
+    (["--sync", "courier", "--deadline", "5m"], "--epochs"),
+])
+def test_launch_refuses_bad_courier_options_before_starting_anything(capsys, args, words):
+    assert main(["launch", "-n", "4", *args, "--", "python", "-c", "pass"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+    assert "started" not in captured.out + captured.err
