@@ -105,8 +105,8 @@ def cli(verbose):
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
                    "cost is half the time or more (tiny models), keep the split equal unless "
-                   "an uneven one gains --threshold or a worker is clearly (2x) slower; "
-                   "else linear.")
+                   "a worker is clearly (1.5x) slower at the equal batch, then linear, with "
+                   "the equal split tried again every 24 iterations; else linear.")
 @click.option("--exog", default="auto", show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "

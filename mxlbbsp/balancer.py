@@ -25,6 +25,8 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple, Optional, Sequence
 
+import warnings
+
 import numpy as np
 
 
@@ -249,6 +251,70 @@ class Balancer:
         return chosen
 
 
+#: pooled_slope looks at most this many workers (the ones whose batch sizes varied most):
+#: enough for a robust slope, and the coordinator's per-iteration cost stays flat in n
+POOLED_WORKERS = 32
+
+
+def pooled_slope(b, t, valid) -> tuple:
+    """One slope (seconds per sample) for several workers' windows, robust to outliers, and
+    its standard error: (slope, se).
+
+    ``b``, ``t``, ``valid``: (workers, window) batch sizes, times, and which are observed.
+    Two steps. A robust start: every pair of observations of one worker with different batch
+    sizes gives a slope (t_j - t_k) / (b_j - b_k); each observation's median slope to the
+    others, then the median of those over all workers' observations (Siegel's repeated
+    median, pooled over workers: half the observations may be wild before it moves). Then
+    efficiency: the observations whose residual from that line (each worker about its own
+    median level) is within 3 robust standard deviations are fitted by least squares, one
+    slope over every worker's deviations from its own means.
+
+    Plain least squares is not good enough here: the balancer itself makes the batch sizes
+    vary, often a few samples at a time, and one iteration stretched by a passing tenant at
+    the one batch that stands out sets the slope (seen: 8-25x the true one, which made equal
+    workers look unequal for a whole window). The repeated median alone is robust but
+    noisy: most pairs differ by a sample or two, their slopes are mostly noise (seen: half
+    the true slope now and then, enough to call a compute-bound job fixed-cost bound).
+    Whatever the estimate, a split that hardly varies cannot tell the slope: the standard
+    error says so, and the caller decides only on what the error allows.
+    (NaN, inf) when no pair differs in batch size; (slope, inf) when least squares has
+    nothing left to fit.
+    """
+    b, t, valid = np.asarray(b, float), np.asarray(t, float), np.asarray(valid, bool)
+    if len(b) > POOLED_WORKERS:
+        spread = np.nanstd(np.where(valid, b, np.nan), axis=1)
+        keep = np.argsort(-spread, kind="stable")[:POOLED_WORKERS]
+        b, t, valid = b[keep], t[keep], valid[keep]
+    db = b[:, :, None] - b[:, None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pair = (t[:, :, None] - t[:, None, :]) / db
+    pair[~(valid[:, :, None] & valid[:, None, :] & (db != 0))] = np.nan
+    with warnings.catch_warnings():          # all-NaN rows: points with no partner
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_point = np.nanmedian(pair, axis=2)
+        start = per_point[np.isfinite(per_point)]
+        if not start.size:
+            return float("nan"), float("inf")
+        c0 = float(np.median(start))
+        resid = np.where(valid, t - c0 * b, np.nan)
+        resid -= np.nanmedian(resid, axis=1, keepdims=True)
+        scale = 1.4826 * float(np.nanmedian(np.abs(resid)))
+    kept = valid & (np.abs(np.nan_to_num(resid, nan=np.inf)) <= 3.0 * scale)
+    count = kept.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mb = np.where(kept, b, 0.0).sum(axis=1, keepdims=True) / count
+        mt = np.where(kept, t, 0.0).sum(axis=1, keepdims=True) / count
+    dbk = np.where(kept, b - mb, 0.0)
+    dtk = np.where(kept, t - mt, 0.0)
+    sbb = float((dbk * dbk).sum())
+    dof = int(kept.sum()) - int((count[:, 0] > 0).sum()) - 1
+    if sbb <= 0 or dof < 1:
+        return c0, float("inf")
+    slope = float((dbk * dtk).sum() / sbb)
+    rss = float(((dtk - slope * dbk) ** 2).sum())
+    return slope, float(np.sqrt(rss / dof / sbb))
+
+
 class AffineFit:
     """Per-worker fit of the fixed cost ``intercept_i`` in t_i(b) = intercept_i + b / v_i.
 
@@ -274,6 +340,12 @@ class AffineFit:
         #: the share of the time that is fixed cost, for the whole job (one slope pooled
         #: over the workers; 0 until any worker's batch sizes varied)
         self.job_share = 0.0
+        #: bounds on it, three standard errors of the pooled slope either side: (0, 1) while
+        #: the batch sizes have hardly varied, whatever job_share says
+        self.job_share_low, self.job_share_high = 0.0, 1.0
+        #: that pooled slope, seconds per sample (NaN until any worker's batch sizes varied):
+        #: robust (see :func:`pooled_slope`), one slow iteration does not move it
+        self.pooled_slope = float("nan")
         #: fitted seconds per sample, per worker (NaN until fitted; may be <= 0: noise)
         self.slope = np.full(num_workers, np.nan)
         #: the window's mean batch and mean time per worker
@@ -311,14 +383,54 @@ class AffineFit:
         self.share = np.where(fitted, np.clip(intercept / mt, 0.0, 1.0), self.share)
         self.slope = np.where(fitted, slope, self.slope)
         self.mean_batch, self.mean_time = mb, mt
-        # The job's fixed-cost share from one slope pooled over the workers' windows (each
-        # worker's own deviations from its means): n times the data of one worker's fit,
-        # so far less noisy; only where the batch sizes varied enough.
-        spread_ok = (count >= 4) & (spread >= self.min_spread)
-        if spread_ok.any():
-            pooled = float((db * dt)[spread_ok].sum() / sbb[spread_ok].sum())
-            fixed = 1.0 - max(pooled, 0.0) * mb[spread_ok] / mt[spread_ok]
-            self.job_share = float(np.clip(np.median(fixed), 0.0, 1.0))
+        # The job's fixed-cost share from one slope pooled over the workers' windows whose
+        # batch sizes varied enough: n times the data of one worker's fit, and robust, so
+        # far less noisy. While no window varies, the last estimate and its bounds hold.
+        varied = (count >= 4) & (spread >= self.min_spread)
+        if varied.any():
+            pooled, se = pooled_slope(b[varied], t[varied], valid[varied])
+            if np.isfinite(pooled):
+                self.pooled_slope = pooled
+                ratio = mb[varied] / mt[varied]
+
+                def share(c):
+                    return float(np.clip(np.median(1.0 - max(c, 0.0) * ratio), 0.0, 1.0))
+                self.job_share = share(pooled)
+                self.job_share_low = share(pooled + 3 * se)
+                self.job_share_high = share(pooled - 3 * se)
+
+    def equal_split_bounds(self, equal_batch: float, recent: Optional[int] = None,
+                           fixed_share: tuple = (0.0, 1.0)) -> tuple:
+        """Per worker, a low and a high estimate of its time at ``equal_batch`` samples.
+
+        Each observation (b, t) of the last ``recent`` iterations (default: the window) is
+        carried to the equal batch by the time models whose fixed cost is any share phi in
+        ``fixed_share`` of t: t * (phi + (1 - phi) * equal_batch / b). With the default
+        (0, 1), all fixed cost (t) to none (t * equal_batch / b), the true time at the
+        equal batch lies between them whatever the fixed cost; with the job's bounds on its
+        fixed share (job_share_low, job_share_high) the interval narrows as far as the fit
+        is sure. The medians of the two carried values are returned, (low, high). Near the
+        equal split the bounds are tight; far from it they are wide, and a worker can only
+        be shown slower than another when it is at every fixed share allowed: no point
+        estimate of a slope enters, so none can make an equal worker look slower (the trap
+        an extrapolated per-worker fit fell into). NaN for every worker while any has fewer
+        than 8 observations (or ``recent``) to go by."""
+        b, t = self._b, self._t
+        if recent is not None and recent < self.window:
+            cols = [(self._next - 1 - k) % self.window for k in range(recent)]
+            b, t = b[:, cols], t[:, cols]
+        valid = np.isfinite(b) & np.isfinite(t) & (t > 0) & (b > 0)
+        if valid.sum(axis=1).min() < min(b.shape[1], 8):
+            nan = np.full(len(b), np.nan)       # too few observations to tell
+            return nan, nan
+        with np.errstate(invalid="ignore", divide="ignore"):
+            carried = [t * (phi + (1.0 - phi) * equal_batch / b)
+                       for phi in np.clip(fixed_share, 0.0, 1.0)]
+        lo = np.where(valid, np.minimum(*carried), np.nan)
+        hi = np.where(valid, np.maximum(*carried), np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(lo, axis=1), np.nanmedian(hi, axis=1)
 
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""

@@ -41,13 +41,27 @@ from . import signals as _signals
 log = logging.getLogger(__name__)
 
 TIME_MODELS = ("auto", "linear", "affine")
-#: ``auto``: the affine model once the fitted fixed cost is at least FIXED_SHARE[1] of the
-#: workers' time (AffineFit.job_share), back to linear below FIXED_SHARE[0] (hysteresis: the
-#: fit is noisy on tiny models)
-FIXED_SHARE = (0.3, 0.5)
-#: ``auto`` in the fixed-cost regime: a worker whose fitted time at the equal batch is this
-#: many times another's is clearly slower, and the linear model balances them
-CLEARLY_SLOWER = 2.0
+#: ``auto``: the fixed-cost regime once the fitted fixed cost (AffineFit.job_share) is at least
+#: FIXED_SHARE of the workers' time, back to the linear model only once it is surely less
+#: (AffineFit.job_share_high, three standard errors above): in the fixed-cost
+#: regime the split stays equal, the batch sizes stop varying and the fit learns nothing new,
+#: so leaving on the estimate alone flipped the regime on noise; while the linear model
+#: balances a compute-bound job the batch sizes vary enough to be sure.
+FIXED_SHARE = 0.5
+#: ``auto`` in the fixed-cost regime: a worker whose time at the equal batch is at least
+#: CLEARLY_SLOWER times another's at every fixed share the fit allows (AffineFit.
+#: equal_split_bounds over the last SPEED_WINDOW iterations) is clearly slower, and the linear
+#: model balances the workers; they count as equal again once every worker's high bound is
+#: within SAME_SPEED of every low bound, or after RETRY_EQUAL iterations, when the equal split
+#: is tried again (the slow worker must show itself slower again to be balanced). Far from the
+#: equal split the bounds are too wide to show a recovered worker equal: without the retry
+#: the linear model, which reads a fixed cost as slowness, kept walking the split to 63:1
+#: long after the other tenant had gone. The retry costs little: while the fixed cost
+#: dominates, even the best uneven split gains little over the equal one.
+SPEED_WINDOW = 8
+CLEARLY_SLOWER = 1.5
+SAME_SPEED = 1.2
+RETRY_EQUAL = 24
 
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
@@ -135,6 +149,8 @@ class Coordinator:
         self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch,
                                        prefer_equal=config.time_model == "auto")
         self._fixed_dominates = False                # auto: the fixed cost dominates
+        self._uneven = False                         # auto, fixed cost: a worker is slower
+        self._uneven_for = 0                         # iterations since it was found slower
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
@@ -178,6 +194,7 @@ class Coordinator:
                 "predictor_name": self.config.predictor,
                 "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
                 "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
+                "regime": {"fixed_dominates": self._fixed_dominates, "uneven": self._uneven},
                 "metrics_records": self._written}
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -192,6 +209,9 @@ class Coordinator:
         if state.get("predictor_name") == self.config.predictor:
             self._predictor.load_state_dict(state["predictor"])
         load_object_state(self._fit, state["fit"])
+        regime = state.get("regime") or {}
+        self._fixed_dominates = bool(regime.get("fixed_dominates", False))
+        self._uneven = bool(regime.get("uneven", False))
         if state.get("sizes"):
             self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
 
@@ -542,20 +562,35 @@ class Coordinator:
         if kind != "linear":
             self._fit.observe(batch, compute)
         if kind == "auto":
-            share = self._fit.job_share
-            self._fixed_dominates = share >= FIXED_SHARE[0 if self._fixed_dominates else 1]
+            if self._fixed_dominates:
+                self._fixed_dominates = self._fit.job_share_high >= FIXED_SHARE
+            else:
+                self._fixed_dominates = self._fit.job_share >= FIXED_SHARE
         model = None
         if kind == "auto" and self._fixed_dominates:
-            model = self._fixed_cost_model(batch, compute)
-            # A worker clearly slower at the same batch (a slow host, not noise) is balanced
-            # as before: the linear model, the slow worker gets proportionally less.
-            at_equal = model.time(np.full(n, batch.sum() / n))
-            if at_equal.max() > CLEARLY_SLOWER * at_equal.min():
-                model = None
-            else:       # the predictor still observes (whole-time speeds): no gaps in its lags
+            # A worker clearly slower (a slow host, not noise) is balanced as before: the
+            # linear model, the slow worker gets proportionally less. Otherwise the workers
+            # count as equal: balancing noise on an iteration that hardly grows with the
+            # batch would only move the split to an extreme and leave it there.
+            fit = self._fit
+            lo, hi = fit.equal_split_bounds(batch.sum() / n, recent=SPEED_WINDOW,
+                                            fixed_share=(fit.job_share_low, fit.job_share_high))
+            if np.isfinite(lo).all():               # else too few observations: as before
+                if self._uneven:
+                    self._uneven_for += 1
+                    self._uneven = not (hi.max() <= SAME_SPEED * lo.min()
+                                        or self._uneven_for >= RETRY_EQUAL)
+                else:
+                    self._uneven = bool(lo.max() > CLEARLY_SLOWER * hi.min())
+                    self._uneven_for = 0
+            if not self._uneven:
+                model = self._equal_model(batch, compute)
+                # the predictor still observes (whole-time speeds): no gaps in its lags
                 if hasattr(self._predictor, "advance"):
                     self._predictor.advance(t)
                 self._predictor.observe(batch / compute, exog)
+        else:
+            self._uneven = False
         if model is None:
             fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
                 else np.zeros(n)
@@ -586,21 +621,25 @@ class Coordinator:
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
         self._predictor.learn()     # training, after the broadcast: off the critical path
 
-    def _fixed_cost_model(self, batch, compute) -> _bal.TimeModel:
-        """``auto`` while the fixed cost dominates (tiny models): the fitted line of each
-        worker's window (t_i(b) = a_i + c_i b through its mean batch and mean time), not
-        one-step forecasts, whose noise alone (+-30 % on a 5 ms iteration) would move the
-        split to an extreme every few iterations. A non-positive slope (time does not grow
-        with the batch, within the noise) counts as 1 % of the time per mean batch, so that
-        moving samples gains little and the split stays equal (prefer_equal) unless a
-        worker is clearly slower (then the caller uses the linear model after all)."""
+    def _equal_model(self, batch, compute) -> _bal.TimeModel:
+        """``auto`` while the fixed cost dominates (tiny models) and no worker is clearly
+        slower: every worker the same line t(b) = a + c b, so the equal split. c is the
+        job's robust pooled slope (AffineFit.pooled_slope; a non-positive one, time that
+        does not grow with the batch within the noise, counts as 1 % of the time per mean
+        batch), a the median over workers of each one's window level; the times it predicts
+        are the job's, for the metrics and for Courier's planning. Not a line per worker:
+        when each worker keeps its own batch size, a difference in fixed cost and the slope
+        cannot be told apart, and a slope error of a few microseconds per sample made equal
+        workers look unequal by milliseconds (seen: equal pairs held at 52:12 and 63:1)."""
         fit = self._fit
         mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
         mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
-        floor = 0.01 * mean_t / mean_b
-        slope = np.where(np.isfinite(fit.slope), np.maximum(fit.slope, floor), floor)
-        slope = np.minimum(slope, mean_t / mean_b)
-        return _bal.TimeModel(1.0 / slope, mean_t - slope * mean_b)
+        floor = 0.01 * mean_t.sum() / mean_b.sum()
+        slope = fit.pooled_slope if np.isfinite(fit.pooled_slope) else floor
+        slope = min(max(slope, floor), float(np.min(mean_t / mean_b)))
+        level = float(np.median(np.maximum(mean_t - slope * mean_b, 0.0)))
+        n = len(mean_b)
+        return _bal.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
 
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])

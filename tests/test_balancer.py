@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mxlbbsp.balancer import (AffineFit, AllocationError, Balancer, TimeModel, allocate,
-                              equal_split, makespan, rescale, rescale_slice, slice_of)
+                              equal_split, makespan, pooled_slope, rescale, rescale_slice,
+                              slice_of)
 
 speeds = st.lists(st.floats(0.05, 1000.0, allow_nan=False), min_size=1, max_size=24)
 
@@ -167,3 +168,61 @@ def test_affine_fit_job_share_sees_a_time_that_does_not_grow_with_the_batch():
         b = np.array([32 + (t % 8) * 4, 32 - (t % 8) * 4], dtype=float)
         lin.observe(b, 0.001 * b * np.exp(rng.normal(0, 0.05, 2)))  # per-sample only
     assert lin.job_share < 0.3
+
+
+def test_pooled_slope_is_not_set_by_one_stretched_iteration():
+    # Worker 0 mostly near 10 samples, once at 32, and that iteration stretched 4x by a
+    # passing tenant; worker 1 the mirror image. True line: 4 ms + 30 us per sample.
+    rng = np.random.default_rng(1)
+    b = np.array([[32] + list(10 + rng.integers(-3, 4, 31)),
+                  [32] + list(54 + rng.integers(-3, 4, 31))], dtype=float)
+    t = (0.004 + 3e-5 * b) * np.exp(rng.normal(0, 0.05, b.shape))
+    t[0, 0] *= 4
+    valid = np.ones_like(b, dtype=bool)
+    slope, se = pooled_slope(b, t, valid)
+    assert slope == pytest.approx(3e-5, abs=1.5e-5)
+    assert 0 < se < 3e-5
+    # what least squares makes of the same window: many times the true slope
+    db, dt = b - b.mean(axis=1, keepdims=True), t - t.mean(axis=1, keepdims=True)
+    assert (db * dt).sum() / (db * db).sum() > 5 * 3e-5
+
+
+def test_pooled_slope_says_when_it_cannot_tell():
+    b = np.full((2, 8), 32.0)
+    slope, se = pooled_slope(b, np.full((2, 8), 0.01), np.ones((2, 8), dtype=bool))
+    assert np.isnan(slope) and se == np.inf
+
+
+def test_job_share_bounds_are_wide_until_the_batch_sizes_vary_enough():
+    rng = np.random.default_rng(2)
+    few = AffineFit(2)
+    for t in range(32):          # one sample either way: the slope is noise
+        b = np.array([32 + (t % 2), 32 - (t % 2)] if t % 3 else [33, 31], dtype=float)
+        few.observe(b, (0.004 + 3e-5 * b) * np.exp(rng.normal(0, 0.3, 2)))
+    assert few.job_share_low < 0.5 <= few.job_share_high
+    many = AffineFit(2)
+    for t in range(32):          # the split sweeps 16..48: the fixed cost is clear
+        b = np.array([16 + (t % 8) * 4, 48 - (t % 8) * 4], dtype=float)
+        many.observe(b, (0.004 + 3e-5 * b) * np.exp(rng.normal(0, 0.05, 2)))
+    assert many.job_share_low >= 0.5 and many.job_share == pytest.approx(0.8, abs=0.1)
+
+
+def test_equal_split_bounds_hold_the_time_at_the_equal_batch_whatever_the_fixed_cost():
+    for fixed_share in (0.0, 0.5, 0.95):
+        fit = AffineFit(2)
+        a, c = fixed_share * 0.01, (1 - fixed_share) * 0.01 / 32    # 10 ms at 32 samples
+        for t in range(16):
+            b = np.array([8 + t % 3, 56 - t % 3], dtype=float)
+            fit.observe(b, a + c * b)
+        lo, hi = fit.equal_split_bounds(32)
+        assert np.all(lo <= 0.01 + 1e-12) and np.all(0.01 - 1e-12 <= hi)
+        # far from the equal split no worker can be shown slower than the other
+        assert lo.max() <= hi.min()
+    fit = AffineFit(2)
+    for _ in range(8):
+        fit.observe([32, 32], [0.01, 0.02])
+    lo, hi = fit.equal_split_bounds(32)
+    assert lo.tolist() == hi.tolist() == [0.01, 0.02]       # at the equal split: exact
+    short = AffineFit(2)
+    short.observe([32, 32], [0.01, 0.02])
+    assert np.isnan(short.equal_split_bounds(32)[0]).all()   # one observation: cannot tell

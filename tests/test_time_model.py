@@ -1,17 +1,70 @@
-"""The default time model (auto) on a tiny model: real processes, two identical workers.
+"""The default time model (auto) on a tiny model.
 
 A tiny MLP's iteration is mostly fixed cost (a few ms whatever the batch), so the linear
 model reads the worker given fewer samples as slower per sample and, with nothing to stop
 it, walks the split to 63:1 (seen with ``--time-model linear``). ``auto`` must notice the
-fixed cost and keep the split near equal.
+fixed cost and keep the split near equal, and still balance workers that differ.
+
+Two kinds of test: one real job (processes, kvstore, the MLP), and the coordinator's
+balancing alone, fed simulated iteration times through its report handler (no sockets, no
+clock) so that many noisy runs with fixed seeds take seconds and always give the same
+answer. The simulated times are what the real MLP showed: a fixed cost, a small cost per
+sample, +-30 % noise and now and then an iteration stretched 3x by another tenant.
 """
 import json
 
+import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
+from mxlbbsp.coordinator import (RETRY_EQUAL, SPEED_WINDOW, Coordinator,
+                                 CoordinatorConfig)
 
-pytestmark = pytest.mark.cluster
+
+def simulate(seed, fixed_s, per_sample_s, slow=1.0, iterations=120, B=64):
+    """Worker 0's batch size per iteration, balanced by a real Coordinator (default
+    predictor and time model) against two simulated workers, worker 1 ``slow`` times
+    slower."""
+    rng = np.random.default_rng(seed)
+    c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
+    c._send_allocation = lambda t, sizes: None      # no workers to send to
+    sizes = np.array([B // 2, B - B // 2])
+    c._sizes = sizes.copy()
+    out = []
+    for t in range(iterations):
+        noise = rng.lognormal(0, 0.3, 2) * np.where(rng.random(2) < 0.05, 3, 1)
+        compute = (fixed_s + per_sample_s * sizes) * np.array([1.0, slow]) * noise
+        c._on_iteration(t, {r: {"batch_size": int(sizes[r]), "compute_s": float(compute[r]),
+                                "next_global_batch": B} for r in range(2)})
+        sizes = np.asarray(c._sizes)
+        out.append(int(sizes[0]))
+    return out
+
+
+def median_ratio(b0, B=64):
+    ratios = sorted(max(b, B - b) / min(b, B - b) for b in b0)
+    return ratios[len(ratios) // 2]
+
+
+def test_equal_workers_on_a_fixed_cost_stay_near_the_equal_split():
+    # 4 ms fixed + 30 us per sample: 80 % of a 32-sample iteration is fixed cost
+    late = [median_ratio(simulate(seed, 0.004, 3e-5)[60:]) for seed in range(12)]
+    # (the time model before this test: 4 of these 12 runs held a split beyond 1.5:1)
+    assert sum(r <= 1.5 for r in late) >= 11, late
+
+
+@pytest.mark.parametrize("fixed_s,per_sample_s,best_b0", [
+    (0.004, 3e-5, 63),      # fixed cost: the slow worker is best left one sample
+    (0.001, 3e-4, 50),      # compute-bound: about 3:1, as the linear model balances
+])
+def test_a_worker_three_times_slower_still_gets_fewer_samples(fixed_s, per_sample_s,
+                                                              best_b0):
+    for seed in range(3):
+        b0 = simulate(seed, fixed_s, per_sample_s, slow=3.0)[30:]
+        assert abs(np.median(b0) - best_b0) <= 4, (seed, b0)
+
+
+@pytest.mark.cluster
 
 
 def splits(path):
@@ -31,8 +84,18 @@ def test_auto_keeps_two_equal_workers_near_an_equal_split(tmp_path):
     ratios = [max(s.values()) / min(s.values()) for s in splits(metrics)]
     assert len(ratios) == 120
     # The fixed cost is identified once the split has moved a little (the first tens of
-    # iterations); from then on the split stays within 1.5:1.
-    late = sorted(ratios[60:])
-    assert late[len(late) // 2] <= 1.5, ratios            # median
-    assert sum(x <= 1.5 for x in late) >= 0.8 * len(late), ratios
-    assert ratios[-1] <= 1.5, ratios
+    # iterations); from then on the split stays within 1.5:1. Two processes on two shared
+    # cores are not always equal: another process can slow one of them for a while, which
+    # auto rightly balances, and it must go back to the equal split once the equal split
+    # has been retried (coordinator.RETRY_EQUAL + SPEED_WINDOW iterations at most).
+    late = ratios[60:]
+    assert sorted(late)[len(late) // 2] <= 1.5, ratios            # median
+    assert longest_run(r > 1.5 for r in late) <= RETRY_EQUAL + SPEED_WINDOW, ratios
+
+
+def longest_run(flags):
+    best = run = 0
+    for f in flags:
+        run = run + 1 if f else 0
+        best = max(best, run)
+    return best
