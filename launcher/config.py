@@ -159,6 +159,11 @@ def parse_ssh_options(items) -> List[Tuple[str, str]]:
     return out
 
 
+def _field(flag: str) -> str:
+    """The LaunchConfig field of a command-line flag: --r2sp-gap-ratio -> r2sp_gap_ratio."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 @dataclasses.dataclass
 class LaunchConfig:
     """One job. See ``mxlbbsp launch --help`` for the meaning of each field."""
@@ -218,16 +223,11 @@ class LaunchConfig:
             raise ConfigError(f"-s/--num-servers must be at least 1 (got {self.num_servers})")
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
-        if self.sync != "r2sp" and (self.r2sp_gap_ratio, self.r2sp_tuning) != (None, None):
-            raise ConfigError(f"--r2sp-gap-ratio and --r2sp-tuning are options of --sync r2sp, "
-                              f"not of --sync {self.sync}; drop them or use --sync r2sp")
-        courier_given = [name for name, value in (
-            ("--deadline", self.deadline), ("--batch-range", self.batch_range),
-            ("--lr-scaling", self.lr_scaling), ("--epochs", self.epochs)) if value is not None]
-        if self.sync != "courier" and courier_given:
-            raise ConfigError(f"{', '.join(courier_given)}: only --sync courier chooses the "
-                              f"global batch; --sync {self.sync} trains with the fixed batch "
-                              "of the DataLoader. Drop them or use --sync courier")
+        for name in modes.available():          # another mode's options: say whose
+            given = [flag for flag in modes.get(name).options.values()
+                     if getattr(self, _field(flag)) is not None]
+            if name != self.sync and given:
+                raise ConfigError(modes.get(name).misplaced(given, self.sync))
         problem = modes.get(self.sync).check_options(self.sync_options)
         if problem:
             raise ConfigError(problem)
@@ -281,8 +281,8 @@ class LaunchConfig:
                 raise ConfigError(f"--bind {self.bind} is not an address of --ps-interface "
                                   f"{self.ps_interface} ({', '.join(addresses)}); drop --bind "
                                   "(the interface's address is the default) or give one of those")
-        if self.sync == "courier" and self.num_workers is not None:
-            self.check_batch_range(self.num_workers)
+        if self.num_workers is not None:
+            self.check_workers(self.num_workers)
         self._check_checkpoints()
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
@@ -290,20 +290,15 @@ class LaunchConfig:
     @property
     def sync_options(self) -> dict:
         """The options of the sync mode (for its coordinator policy); None: its default."""
-        if self.sync == "r2sp":
-            return {"gap_ratio": self.r2sp_gap_ratio, "tuning": self.r2sp_tuning}
-        if self.sync == "courier":
-            return {"deadline": self.deadline, "batch_range": self.batch_range,
-                    "lr_scaling": self.lr_scaling, "epochs": self.epochs}
-        return {}
+        return {key: getattr(self, _field(flag))
+                for key, flag in modes.get(self.sync).options.items()}
 
-    def check_batch_range(self, num_workers: int) -> None:
-        """courier: the smallest global batch must give every worker a sample."""
-        from mxlbbsp import courier
-        try:
-            courier.parse_batch_range(self.batch_range or "64:1024", num_workers)
-        except courier.PlanError as exc:
-            raise ConfigError(str(exc)) from None
+    def check_workers(self, num_workers: int) -> None:
+        """The sync mode's options against the number of workers (known late with a
+        hostfile)."""
+        problem = modes.get(self.sync).check_workers(self.sync_options, num_workers)
+        if problem:
+            raise ConfigError(problem)
 
     def _check_checkpoints(self) -> None:
         from mxlbbsp import checkpoint

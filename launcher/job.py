@@ -123,8 +123,7 @@ class Job:
             self.hosts = [dataclasses.replace(LOCAL, slots=n)]
         config.num_workers = n
         config.resolve_slowdown(n)
-        if config.sync == "courier":
-            config.check_batch_range(n)
+        config.check_workers(n)
         self.placement: Placement = place(self.hosts, n, config.num_servers)
         self.token = secrets.token_hex(16)
         self.bind = config.bind or ("127.0.0.1" if not self.remote else None)

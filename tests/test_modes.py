@@ -56,7 +56,7 @@ def test_unregistered_mode_is_refused_by_env_and_launch_config():
     (["--sync", "bogus"], "Invalid value for '--sync'"),
     (["--sync", "r2sp", "--r2sp-gap-ratio", "0"], "--r2sp-gap-ratio 0.0: must be in (0, 1]"),
     (["--sync", "r2sp", "--r2sp-gap-ratio", "1.5"], "--r2sp-gap-ratio 1.5: must be in (0, 1]"),
-    (["--sync", "bsp", "--r2sp-gap-ratio", "0.5"], "options of --sync r2sp, not of --sync bsp"),
+    (["--sync", "bsp", "--r2sp-gap-ratio", "0.5"], "an option of --sync r2sp, not of --sync bsp"),
     (["--r2sp-tuning", "paper"], "not of --sync lbbsp"),
 ])
 def test_cli_refuses_bad_sync_input_with_one_line(capsys, args, says):

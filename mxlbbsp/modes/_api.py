@@ -27,7 +27,7 @@ Nothing here imports MXNet: the trainer (which does) calls the worker side.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Optional, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -108,6 +108,9 @@ class SyncMode(abc.ABC):
     sets_batch: ClassVar[bool] = False
     #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
     checkpoints: ClassVar[bool] = False
+    #: the mode's own options: key (in the options dict its policy gets) -> command-line
+    #: flag of ``mxlbbsp launch`` (its LaunchConfig field is the flag's name with _ for -)
+    options: ClassVar[Dict[str, str]] = {}
 
     @property
     def follows_allocations(self) -> bool:
@@ -117,6 +120,16 @@ class SyncMode(abc.ABC):
     def check_options(options: dict) -> Optional[str]:
         """The first problem with this mode's options (a one-line message), or None."""
         return None
+
+    def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
+        """The first problem with these options for ``num_workers`` workers, or None."""
+        return None
+
+    def misplaced(self, flags: List[str], sync: str) -> str:
+        """The error when ``flags``, options of this mode, are given with ``--sync sync``."""
+        what = "options" if len(flags) > 1 else "an option"
+        return (f"{' and '.join(flags)}: {what} of --sync {self.name}, not of --sync {sync}; "
+                f"drop {'them' if len(flags) > 1 else 'it'} or use --sync {self.name}")
 
     def normalisers(self, sess: "Session") -> Tuple[float, float]:
         """(N(t), N0): synchronous modes normalise by the global batch B(t)."""

@@ -165,6 +165,8 @@ class Courier(SyncMode):
     uses_predictor = True
     sets_batch = True
     policy = CourierPolicy
+    options = {"deadline": "--deadline", "batch_range": "--batch-range",
+               "lr_scaling": "--lr-scaling", "epochs": "--epochs"}
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:
@@ -186,6 +188,20 @@ class Courier(SyncMode):
             return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
                     f"{', '.join(_courier.LR_SCALING)}")
         return None
+
+    def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
+        """The smallest global batch must give every worker a sample."""
+        try:
+            _courier.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
+                                       num_workers)
+        except _courier.PlanError as exc:
+            return str(exc)
+        return None
+
+    def misplaced(self, flags, sync) -> str:
+        return (f"{', '.join(flags)}: only --sync courier chooses the global batch; --sync "
+                f"{sync} trains with the fixed batch of the DataLoader. Drop them or use "
+                "--sync courier")
 
     def worker_env(self, options: dict) -> dict:
         rule = options.get("lr_scaling") or DEFAULTS["lr_scaling"]

@@ -235,6 +235,7 @@ class R2SP(SyncMode):
             "(--r2sp-tuning)")
     kvstore = "dist_async"
     policy = R2SPPolicy
+    options = {"gap_ratio": "--r2sp-gap-ratio", "tuning": "--r2sp-tuning"}
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:
