@@ -82,10 +82,12 @@ def test_lbbsp_moves_samples_to_the_faster_worker(coordinator):
     c = coordinator(2, predictor="last")
     (s0, s1), errors = sessions(c, 2)
     assert not errors
-    assert run_iteration([s0, s1], [0.1, 0.1]) == [32, 32]     # warm-up: equal
-    assert run_iteration([s0, s1], [0.1, 0.3]) == [32, 32]     # still the first split
+    # Stand-in compute times of seconds: the real time the threads take on a loaded
+    # machine (tens of ms) must not change the ratio.
+    assert run_iteration([s0, s1], [1.0, 1.0]) == [32, 32]     # warm-up: equal
+    assert run_iteration([s0, s1], [1.0, 3.0]) == [32, 32]     # still the first split
     # worker 1 was 3x slower per sample: 3:1
-    assert run_iteration([s0, s1], [0.1, 0.1]) == [48, 16]
+    assert run_iteration([s0, s1], [1.0, 1.0]) == [48, 16]
     for s in (s0, s1):
         s.close()
     assert c.finished.wait(5)
