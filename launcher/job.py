@@ -478,6 +478,8 @@ class Job:
     def _first_failure(self) -> Optional[int]:
         for p in self.workers + self.servers + [self.scheduler]:
             rc = p.poll()
+            if rc == 0:
+                p.release_error()
             if rc is None or rc == 0:
                 continue
             rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
@@ -497,7 +499,9 @@ class Job:
             else:
                 p.drain_output(1.0)     # its exit hook's last line, if it wrote one
                 what = f"exited with code {rc}{where}"
-                if p.exit_reason:
+                if p.error_line:        # its own one-line refusal: the cause, said once
+                    what = f"exited with code {rc}{where}: {p.error_line}"
+                elif p.exit_reason:
                     what = f"exited with code {rc}{where}: {p.exit_reason}"
                 elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
                     sig = signal.Signals(-p.proc.returncode).name

@@ -28,6 +28,8 @@ GUARD = ["-m", "mxlbbsp.launcher.guard"]
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
 #: ``<EXIT_MARKER> <code> <the exception's last line>``
 EXIT_MARKER = "mxlbbsp-exit-hook:"
+#: how the library (mxlbbsp._env.refuse, mxlbbsp.checkpoint) and the guard refuse bad input
+ERROR_PREFIX = "mxlbbsp: error: "
 
 
 def local_transport() -> List[str]:
@@ -93,6 +95,9 @@ class RoleProcess:
         self.boot = boot
         #: why the command ended, as its exit hook said (e.g. "RuntimeError: boom")
         self.exit_reason: Optional[str] = None
+        #: the command's own one-line refusal ("mxlbbsp: error: ..." from the library or
+        #: the guard), held back: the launcher's failure line carries it, once
+        self.error_line: Optional[str] = None
         name = role if rank is None else f"{role} {rank}"
         self.label = f"{name}@{host}" if show_host else name
         self.proc: Optional[subprocess.Popen] = None
@@ -162,6 +167,11 @@ class RoleProcess:
                     if at == 0:
                         continue
                     text = text[:at]
+                if to_stderr and text.startswith(ERROR_PREFIX):
+                    self.error_line = text[len(ERROR_PREFIX):]
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
                 if to_stderr and text.startswith(EXIT_MARKER):
                     self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
                     if self._log is not None:
@@ -178,6 +188,12 @@ class RoleProcess:
         early, self._early = self._early, []
         for text, to_stderr in early:
             self.output.line(self.label, text, to_stderr, self._log)
+
+    def release_error(self) -> None:
+        """Show the held-back error line after all (nothing failed because of it)."""
+        line, self.error_line = self.error_line, None
+        if line is not None:
+            self.output.line(self.label, ERROR_PREFIX + line, True, None)
 
     def flush_early(self) -> Optional[str]:
         """Show the lines held back before the guard started; returns the last one."""
