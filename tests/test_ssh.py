@@ -7,16 +7,19 @@ sshd session may be left. The time bounds are the issue's failure bounds, not me
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
 import time
 import uuid
 
+from pathlib import Path
+
 import psutil
 import pytest
 
-from conftest import ROOT, EXAMPLE, mxlbbsp_argv, processes_with, run_mxlbbsp, \
+from conftest import PY, ROOT, EXAMPLE, mxlbbsp_argv, processes_with, run_mxlbbsp, \
     wait_no_leftovers
 from netns import Netns
 from mxlbbsp.launcher.guard import BOOT_DIR
@@ -33,6 +36,7 @@ PROBED = {"rank": "MXLBBSP_RANK", "ssh": "SSH_CONNECTION", "omp": "OMP_NUM_THREA
 PROBE = ["sh", "-c", 'echo "probe|pwd=$(pwd)' +
          "".join(f"|{key}=${{{var}}}" for key, var in PROBED.items()) + '"; exec "$@"', "probe"]
 TRAIN = ["python", str(EXAMPLE), "--model", "mlp", "--data", "digits"]
+CKPT_SCRIPT = ROOT / "tests" / "scripts" / "ckpt_train.py"
 
 
 def probes(output):
@@ -281,6 +285,47 @@ def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
     workers_of(job.marker, 2)[1].suspend()      # a peer that hangs rather than fails
     assert job.wait(90) == 124, job.output
     assert "error: no iteration finished for 30 s (--stall-timeout" in job.output
+    assert_nothing_left(sshd, job.marker)
+
+
+def test_restarts_leave_out_a_host_that_is_gone(sshd, tmp_path, running):
+    """A host dies mid-job (its sshd and every session on it stop): --restarts 1 continues
+    from the latest checkpoint on the host that remains, and says so."""
+    # 127.0.0.3 is served by an sshd of its own on the same port, with the same keys, so
+    # that stopping it takes that host away and leaves 127.0.0.1 alone
+    folder = tmp_path / "sshd3"
+    folder.mkdir()
+    for key in (sshd.host_key, sshd.client_key):
+        for path in (key, Path(str(key) + ".pub")):
+            shutil.copy(path, folder / path.name)
+    gone = Sshd(folder, addresses=("127.0.0.3",), port=sshd.port)
+    gone.start()
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(sshd.known_hosts.read_text() + gone.known_hosts.read_text())
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.1 slots=1\n127.0.0.3 slots=1\n")
+        ckpt = tmp_path / "ckpt"
+        job = running(["launch", "-H", hosts, "--ssh-port", sshd.port,
+                       "--ssh-identity", sshd.client_key,
+                       "--ssh-option", f"UserKnownHostsFile={known}",
+                       "--ssh-option", "StrictHostKeyChecking=yes",
+                       "--ssh-option", "IdentitiesOnly=yes", "--progress", "0",
+                       "--emulate-compute", "2", "--checkpoint-dir", ckpt,
+                       "--checkpoint-every", 5, "--restarts", 1,
+                       "--", PY, CKPT_SCRIPT, tmp_path, "--epochs", 6])
+        deadline = time.monotonic() + 120
+        while not list(ckpt.glob("ckpt-*/manifest.json")):
+            assert time.monotonic() < deadline and job.proc.poll() is None, job.output
+            time.sleep(0.2)
+        gone.stop()
+        assert job.wait(180) == 0, job.output
+    finally:
+        gone.stop()
+    assert re.search(r"restart 1/1 from iteration \d+ on 1 worker\(s\) \(127\.0\.0\.3 "
+                     r"unreachable\)", job.output), job.output
+    # 6 epochs of 23 iterations: the last one, 138, on the worker that remains
+    assert "[worker 0@127.0.0.1] finished at iteration 138" in job.output, job.output
     assert_nothing_left(sshd, job.marker)
 
 
