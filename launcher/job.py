@@ -475,6 +475,12 @@ class Job:
                 f"{_ranks(waiting.ranks)} never finished (a worker, a server or the network "
                 f"hangs){note}")
 
+    def _host_answers(self, name: str) -> bool:
+        """Whether ``name`` still passes the pre-flight (a few seconds at most)."""
+        host = next((h for h in self.hosts if h.name == name), None)
+        return host is not None and ssh._check(host, self._ssh, self._python(host),
+                                               self.config.cwd) is None
+
     def _first_failure(self) -> Optional[int]:
         for p in self.workers + self.servers + [self.scheduler]:
             rc = p.poll()
@@ -494,6 +500,12 @@ class Job:
             if over_ssh and rc == 255 and not p.connected.is_set():
                 what = (f"could not connect to {p.host} ({p.attempts} attempt(s), ssh exit 255"
                         f"{': ' + last if last else ''})")
+            elif over_ssh and rc == 255 and not ssh.says_connection_lost(p.last_stderr) \
+                    and self._host_answers(p.host):
+                # ssh says nothing when the remote command itself ends by a signal (nor, at
+                # LogLevel ERROR, when its keep-alives time out: hence the probe)
+                what = (f"exited{where}: its guard was killed, and the role with it (ssh exit "
+                        "255 with the connection intact)")
             elif over_ssh and rc == 255:
                 what = f"lost its SSH connection{where} (ssh exit 255)"
             else:

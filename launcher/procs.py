@@ -98,6 +98,8 @@ class RoleProcess:
         #: the command's own one-line refusal ("mxlbbsp: error: ..." from the library or
         #: the guard), held back: the launcher's failure line carries it, once
         self.error_line: Optional[str] = None
+        #: its last line on stderr (over SSH: ssh's own word on a lost connection, if any)
+        self.last_stderr: Optional[str] = None
         name = role if rank is None else f"{role} {rank}"
         self.label = f"{name}@{host}" if show_host else name
         self.proc: Optional[subprocess.Popen] = None
@@ -177,6 +179,8 @@ class RoleProcess:
                     if self._log is not None:
                         self._log.write(text + "\n")
                     continue
+                if to_stderr:
+                    self.last_stderr = text
                 self.output.line(self.label, text, to_stderr, self._log)
             stream.close()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import re
 import shlex
 import socket
 import subprocess
@@ -81,6 +82,20 @@ def command(host: Host, opts: SshOptions, remote_argv: Sequence[str],
 #: pre-flight: ssh's ConnectTimeout (s), and how often a quick failure is tried
 PREFLIGHT_TIMEOUT = 5
 PREFLIGHT_ATTEMPTS = 3
+
+
+#: what OpenSSH's client prints when the connection itself goes (reset, closed by the far
+#: side, ServerAlive timeout, a write that fails); it prints nothing when the remote command
+#: ends by a signal, which it reports as exit 255 too
+_CONNECTION_LOST = re.compile(r"Connection to \S+ closed|Timeout, server \S+ not responding|"
+                              r"Broken pipe|Connection reset|Read from remote host|"
+                              r"packet_write_wait|client_loop|Connection timed out")
+
+
+def says_connection_lost(line: Optional[str]) -> bool:
+    """Whether ``line``, the last on an ssh transport's stderr, is ssh's own word that the
+    connection was lost."""
+    return bool(line and _CONNECTION_LOST.search(line))
 
 
 def _check(host: Host, opts: SshOptions, python: str, folder: str) -> Optional[str]:

@@ -239,6 +239,19 @@ def test_worker_exit_3_on_one_host_stops_the_job(sshd, hostfile, code):
     assert_nothing_left(sshd, r.marker)
 
 
+def test_kill_9_of_a_remote_guard_is_not_called_a_lost_connection(sshd, hostfile, running):
+    job = running(launch(sshd, hostfile) + ["--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+    guard = workers_of(job.marker, 2)[1].parent()
+    assert "mxlbbsp.launcher.guard" in " ".join(guard.cmdline())
+    guard.kill()                      # ssh ends with 255, but the connection never broke
+    assert job.wait(30) == 255, job.output
+    assert ("error: worker 1 exited on 127.0.0.2: its guard was killed, and the role with it "
+            "(ssh exit 255 with the connection intact)") in job.output
+    assert "lost its SSH connection" not in job.output
+    assert_nothing_left(sshd, job.marker)
+
+
 def test_lost_ssh_connection_stops_the_job(sshd, hostfile, running):
     job = running(launch(sshd, hostfile) + ["--", *TRAIN, "--epochs", "1000"])
     job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
