@@ -42,12 +42,17 @@ log = logging.getLogger(__name__)
 
 TIME_MODELS = ("auto", "linear", "affine")
 #: ``auto``: the fixed-cost regime once the fitted fixed cost (AffineFit.job_share) is at least
-#: FIXED_SHARE of the workers' time, back to the linear model only once it is surely less
-#: (AffineFit.job_share_high, three standard errors above): in the fixed-cost
-#: regime the split stays equal, the batch sizes stop varying and the fit learns nothing new,
-#: so leaving on the estimate alone flipped the regime on noise; while the linear model
-#: balances a compute-bound job the batch sizes vary enough to be sure.
+#: FIXED_SHARE of the workers' time in FIXED_VOTES iterations in a row, back to the linear
+#: model only once it is surely less (AffineFit.job_share_high, three standard errors above),
+#: or when a slower worker balanced for RETRY_EQUAL iterations made the batch sizes vary and
+#: the estimate fell below: in the fixed-cost regime the split stays equal, the batch sizes
+#: stop varying and the fit learns nothing new, so leaving on the estimate alone flipped the
+#: regime on noise; entering on one estimate sent compute-bound jobs to the equal split now
+#: and then.
 FIXED_SHARE = 0.5
+FIXED_VOTES = 3
+#: ... and left at a retry of the equal split when the estimate is below COMPUTE_BOUND
+COMPUTE_BOUND = 0.3
 #: ``auto`` in the fixed-cost regime: a worker whose time at the equal batch is at least
 #: CLEARLY_SLOWER times another's at every fixed share the fit allows (AffineFit.
 #: equal_split_bounds over the last SPEED_WINDOW iterations) is clearly slower, and the linear
@@ -62,6 +67,11 @@ SPEED_WINDOW = 8
 CLEARLY_SLOWER = 1.5
 SAME_SPEED = 1.2
 RETRY_EQUAL = 24
+#: ``auto`` in the linear regime, while the fit cannot tell whether the fixed cost dominates
+#: (AffineFit.job_share_high >= FIXED_SHARE): a split held beyond HELD_UNEVEN:1 for
+#: RETRY_EQUAL iterations gets one iteration at the equal split, which shows the fit what the
+#: held split cannot (seen: 1:63 held for 25 iterations after the slow worker recovered)
+HELD_UNEVEN = 4.0
 
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
@@ -151,6 +161,8 @@ class Coordinator:
         self._fixed_dominates = False                # auto: the fixed cost dominates
         self._uneven = False                         # auto, fixed cost: a worker is slower
         self._uneven_for = 0                         # iterations since it was found slower
+        self._fixed_votes = 0                        # iterations in a row the fit said fixed
+        self._held_for = 0                           # linear: iterations the split stayed uneven
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
@@ -564,9 +576,13 @@ class Coordinator:
         if kind == "auto":
             if self._fixed_dominates:
                 self._fixed_dominates = self._fit.job_share_high >= FIXED_SHARE
+                self._fixed_votes = 0
             else:
-                self._fixed_dominates = self._fit.job_share >= FIXED_SHARE
+                votes = self._fixed_votes + 1 if self._fit.job_share >= FIXED_SHARE else 0
+                self._fixed_votes = votes
+                self._fixed_dominates = votes >= FIXED_VOTES
         model = None
+        equal = False
         if kind == "auto" and self._fixed_dominates:
             # A worker clearly slower (a slow host, not noise) is balanced as before: the
             # linear model, the slow worker gets proportionally less. Otherwise the workers
@@ -580,17 +596,32 @@ class Coordinator:
                     self._uneven_for += 1
                     self._uneven = not (hi.max() <= SAME_SPEED * lo.min()
                                         or self._uneven_for >= RETRY_EQUAL)
+                    if not self._uneven and fit.job_share < COMPUTE_BOUND:
+                        # balancing made the batch sizes vary, and the fit no longer calls
+                        # the fixed cost dominant: a compute-bound job, the linear model's
+                        self._fixed_dominates = False
                 else:
                     self._uneven = bool(lo.max() > CLEARLY_SLOWER * hi.min())
                     self._uneven_for = 0
-            if not self._uneven:
-                model = self._equal_model(batch, compute)
-                # the predictor still observes (whole-time speeds): no gaps in its lags
-                if hasattr(self._predictor, "advance"):
-                    self._predictor.advance(t)
-                self._predictor.observe(batch / compute, exog)
-        else:
+            equal = self._fixed_dominates and not self._uneven
+        elif kind == "auto":
+            # The linear model, while the fit cannot yet tell whether the fixed cost
+            # dominates: a split it holds uneven gives the fit nothing new to go by (and on a
+            # fixed cost it may hold one long after the slow worker recovered), so the equal
+            # split is tried once every RETRY_EQUAL iterations.
             self._uneven = False
+            held = batch.max() > HELD_UNEVEN * batch.min() and \
+                self._fit.job_share_high >= FIXED_SHARE
+            self._held_for = self._held_for + 1 if held else 0
+            equal = self._held_for >= RETRY_EQUAL
+            if equal:
+                self._held_for = 0
+        if equal:
+            model = self._equal_model(batch, compute)
+            # the predictor still observes (whole-time speeds): no gaps in its lags
+            if hasattr(self._predictor, "advance"):
+                self._predictor.advance(t)
+            self._predictor.observe(batch / compute, exog)
         if model is None:
             fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
                 else np.zeros(n)

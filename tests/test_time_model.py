@@ -67,11 +67,12 @@ def test_a_worker_three_times_slower_still_gets_fewer_samples(fixed_s, per_sampl
 @pytest.mark.cluster
 
 
-def splits(path):
-    rows = [json.loads(line) for line in open(path)]
+def records(path):
+    """[{rank: (batch_size, compute_s)}] per iteration, in order."""
     by_iter = {}
-    for r in rows:
-        by_iter.setdefault(r["iteration"], {})[r["rank"]] = r["batch_size"]
+    for line in open(path):
+        r = json.loads(line)
+        by_iter.setdefault(r["iteration"], {})[r["rank"]] = (r["batch_size"], r["compute_s"])
     return [by_iter[t] for t in sorted(by_iter)]
 
 
@@ -81,21 +82,39 @@ def test_auto_keeps_two_equal_workers_near_an_equal_split(tmp_path):
                     EXAMPLE, "--model", "mlp", "--data", "digits", "--batch-size", "64",
                     "--epochs", "100", "--iterations", "120", "--log-interval", "0")
     assert r.rc == 0, r.output
-    ratios = [max(s.values()) / min(s.values()) for s in splits(metrics)]
-    assert len(ratios) == 120
-    # The fixed cost is identified once the split has moved a little (the first tens of
-    # iterations); from then on the split stays within 1.5:1. Two processes on two shared
-    # cores are not always equal: another process can slow one of them for a while, which
-    # auto rightly balances, and it must go back to the equal split once the equal split
-    # has been retried (coordinator.RETRY_EQUAL + SPEED_WINDOW iterations at most).
-    late = ratios[60:]
-    assert sorted(late)[len(late) // 2] <= 1.5, ratios            # median
-    assert longest_run(r > 1.5 for r in late) <= RETRY_EQUAL + SPEED_WINDOW, ratios
+    its = records(metrics)
+    assert len(its) == 120
+    ratios = [max(b for b, _ in it.values()) / min(b for b, _ in it.values()) for it in its]
+    # Once the fixed cost is identified (the first tens of iterations) the split stays equal,
+    # but two processes on two shared cores are not always equal: the launcher, a server or
+    # another program can make one of them measurably slower for a while, and then auto
+    # rightly gives it fewer samples. So: after iteration 30, the split stays beyond 1.5:1
+    # (3 iterations or more) only when the worker that gets fewer samples was measured
+    # clearly slower (1.3x, mean of its last 8 iterations at the equal split), and it comes
+    # back to the equal split to check within coordinator.RETRY_EQUAL + SPEED_WINDOW
+    # iterations.
+    for start, length in uneven_runs(ratios, 1.5, first=30):
+        assert length <= RETRY_EQUAL + SPEED_WINDOW, (start, length, ratios)
+        if length < 3:
+            continue
+        before = [it for it, ratio in zip(its[:start], ratios[:start]) if ratio == 1.0][-8:]
+        assert len(before) >= 4, (start, ratios)
+        fewer = min(its[start], key=lambda rank: its[start][rank][0])
+        other = 1 - fewer
+        slower = np.mean([it[fewer][1] for it in before]) / \
+            np.mean([it[other][1] for it in before])
+        assert slower >= 1.3, (start, slower, ratios)
 
 
-def longest_run(flags):
-    best = run = 0
-    for f in flags:
-        run = run + 1 if f else 0
-        best = max(best, run)
-    return best
+def uneven_runs(ratios, limit, first):
+    """(start, length) of every run of iterations beyond ``limit``:1 that reaches past
+    ``first`` (a run's start may be earlier)."""
+    runs, start = [], None
+    for t, ratio in enumerate(ratios + [1.0]):
+        if ratio > limit and start is None:
+            start = t
+        elif ratio <= limit and start is not None:
+            if t > first:
+                runs.append((start, t - start))
+            start = None
+    return runs
