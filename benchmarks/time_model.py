@@ -1,0 +1,160 @@
+"""The default time model (``--time-model auto``) in simulation: how close to the best split
+does the coordinator's balancing get, with equal and unequal workers, when the fixed cost
+per iteration dominates (tiny models) and when it does not?
+
+A real ``Coordinator`` (default predictor and time model) is fed simulated iteration times
+through its report handler, with no sockets and no clock, so that many noisy runs take
+seconds and always give the same answer. Two workers, global batch 64; worker i takes
+``slow_i * (fixed + per_sample * b_i)`` seconds, times noise: lognormal (sigma ``--noise``)
+and, in 5 % of iterations (2 % with ``--noise`` <= 0.1), an iteration stretched 3x by
+another tenant. The figure is the makespan of the chosen split over the best possible one,
+averaged over iterations 30-119 and over ``--seeds`` seeds; ``runs > 1.5:1``: equal workers
+whose split was beyond 1.5:1 for most of iterations 60-119. A second scenario: a tenant
+slows worker 0 2x for iterations 35-54 and leaves; does the split come back to equal?
+
+``--baseline REV`` runs the same simulation on the code of another commit (a temporary git
+worktree), side by side in the same table.
+
+    python benchmarks/time_model.py --baseline c31b2c6
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [(0.004, 0.00003, slow) for slow in (1.0, 1.5, 3.0)] + \
+        [(0.001, 0.0003, slow) for slow in (1.0, 1.5, 3.0)]
+B = 64
+
+
+def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False):
+    """Worker 0's batch size per iteration."""
+    from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+    rng = np.random.default_rng(seed)
+    spike = 0.05 if noise > 0.1 else 0.02
+    c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
+    c._send_allocation = lambda t, sizes: None      # no workers to send to
+    sizes = np.array([B // 2, B - B // 2])
+    c._sizes = sizes.copy()
+    out = []
+    for t in range(iterations):
+        factor = np.array([2.0 if tenant and 35 <= t < 55 else 1.0, slow])
+        stretch = rng.lognormal(0, noise, 2) * np.where(rng.random(2) < spike, 3, 1)
+        compute = (fixed_s + per_sample_s * sizes) * factor * stretch
+        c._on_iteration(t, {r: {"batch_size": int(sizes[r]), "compute_s": float(compute[r]),
+                                "next_global_batch": B} for r in range(2)})
+        sizes = np.asarray(c._sizes)
+        out.append(int(sizes[0]))
+    return out
+
+
+def median_ratio(b0):
+    ratios = sorted(max(b, B - b) / min(b, B - b) for b in b0)
+    return ratios[len(ratios) // 2]
+
+
+def simulate(seeds, noise):
+    rows = []
+    for fixed_s, per_sample_s, slow in CASES:
+        def makespan(b0):
+            return max(fixed_s + per_sample_s * b0, slow * (fixed_s + per_sample_s * (B - b0)))
+        best = min(makespan(b) for b in range(1, B))
+        values, held = [], 0
+        for seed in range(seeds):
+            b0 = run(seed, fixed_s, per_sample_s, slow, noise)
+            values.append(float(np.mean([makespan(b) for b in b0[30:]]) / best))
+            held += slow == 1.0 and median_ratio(b0[60:]) > 1.5
+        rows.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2), "slow": slow,
+                     "mean": float(np.mean(values)), "worst": float(np.max(values)),
+                     "equal_split": makespan(B // 2) / best,
+                     "held": int(held) if slow == 1.0 else None})
+    tenant = []
+    for fixed_s, per_sample_s, _ in CASES[::3]:
+        late = [median_ratio(run(seed, fixed_s, per_sample_s, 1.0, noise, 140, True)[80:])
+                for seed in range(seeds)]
+        tenant.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2),
+                       "runs_held": sum(r > 1.5 for r in late)})
+    return {"cases": rows, "tenant": tenant}
+
+
+def baseline(rev, seeds, noise):
+    """The same simulation on the code of ``rev``, in a temporary worktree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT,
+                       check=True)
+        try:
+            res = subprocess.run([sys.executable, __file__, "--simulate-in", str(tree),
+                                  "--seeds", str(seeds), "--noise", str(noise)],
+                                 capture_output=True, text=True, check=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+    return json.loads(res.stdout)
+
+
+def table(results, names, noise, seeds):
+    lines = [f"### noise {noise:.0%} (lognormal sigma {noise}), {seeds} seeds", "",
+             "makespan / best (mean over iterations 30-119 and seeds; worst seed)", "",
+             "| fixed cost | worker 1 | equal split | " +
+             " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for i, row in enumerate(results[0]["cases"]):
+        cells = []
+        for r in results:
+            c = r["cases"][i]
+            held = f", runs > 1.5:1: {c['held']}/{seeds}" if c["held"] is not None else ""
+            cells.append(f"{c['mean']:.3f} (worst {c['worst']:.3f}{held})")
+        lines.append(f"| {row['fixed_share']:.0%} | {row['slow']:g}x slower | "
+                     f"{row['equal_split']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "A tenant slows worker 0 2x for iterations 35-54, then leaves: runs whose "
+              "split stayed beyond 1.5:1 over iterations 80-139", "",
+              "| fixed cost | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, row in enumerate(results[0]["tenant"]):
+        lines.append(f"| {row['fixed_share']:.0%} | " + " | ".join(
+            f"{r['tenant'][i]['runs_held']}/{seeds}" for r in results) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--noise", default="0.3,0.1",
+                   help="comma-separated noise levels (lognormal sigma)")
+    p.add_argument("--baseline", metavar="REV", help="also simulate the code of this commit")
+    p.add_argument("--simulate-in", metavar="TREE", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.simulate_in:                     # a child: the code of another tree, JSON out
+        sys.path.insert(0, args.simulate_in)
+        import mxlbbsp
+        if not mxlbbsp.__file__.startswith(args.simulate_in):
+            sys.exit(f"imported {mxlbbsp.__file__}, not the tree {args.simulate_in}")
+        print(json.dumps(simulate(args.seeds, float(args.noise))))
+        return
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import progress, write
+    sections, payload = [], {}
+    for noise in (float(x) for x in args.noise.split(",")):
+        progress(f"noise {noise}: this tree")
+        results, names = [simulate(args.seeds, noise)], ["now"]
+        if args.baseline:
+            progress(f"noise {noise}: {args.baseline}")
+            results.append(baseline(args.baseline, args.seeds, noise))
+            names.append(args.baseline)
+        payload[str(noise)] = dict(zip(names, results))
+        sections.append(table(results, names, noise, args.seeds))
+    head = ("# The auto time model in simulation\n\nA real Coordinator fed simulated "
+            "iteration times (see the docstring of benchmarks/time_model.py); deterministic: "
+            "the same seeds give the same figures on any machine.")
+    write("time_model", payload, head + "\n\n" + "\n\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()
