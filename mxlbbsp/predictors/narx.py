@@ -69,10 +69,11 @@ D_Y = 2          # speed lags (the level, and dy - 1 differences)
 D_X = 2          # exogenous lags (per column)
 KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
-BANDWIDTH = 0.3  # kernel unit: Gaussian width in normalised input units (0: no kernel unit)
-MEMORY = 128     # kernel unit: pairs remembered per worker
+BANDWIDTH = 1.5  # kernel unit: Gaussian width in units of the input's noise scale (0: no kernel unit)
+DIFF_WINDOW = 32  # the noise scale: median |change| of the reading over this many iterations
+MEMORY = 512     # kernel unit: pairs remembered per worker
 LINEAR_X = True  # the readings themselves are inputs of the output layer too
-RECENCY = 0.99   # kernel unit: weight of a pair decays by this per iteration of age
+RECENCY = 0.998   # kernel unit: weight of a pair decays by this per iteration of age
 LAMBDA = 0.995   # RLS forgetting factor
 DELTA = 1.0      # prior: P0 = DELTA I (ridge 1/DELTA towards the last value)
 MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not vary)
@@ -81,6 +82,8 @@ WARMUP = 3       # observations before the network is used
 GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
 HANDICAP = 0.03  # the learnt candidates' running errors count this much more (Occam)
 GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
+GATE_SQUARED = False
+GATE_REGRET = True  # the gate scores each candidate's error beyond the best one's  # errors of the gate: squared relative errors (RMS), else absolute
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
 WINDOW = 64      # speeds kept for the sanity range
@@ -109,6 +112,8 @@ class NARX(Predictor):
                  memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
+                 gate_squared: bool = GATE_SQUARED, diff_window: int = DIFF_WINDOW,
+                 gate_regret: bool = GATE_REGRET,
                  handicap: float = HANDICAP,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
                  ):
@@ -123,6 +128,8 @@ class NARX(Predictor):
         self.clip_err, self.warmup = float(clip_err), int(warmup)
         self.gate_window, self.gate_power = int(gate_window), float(gate_power)
         self.handicap = float(handicap)
+        self.gate_squared, self.diff_window = bool(gate_squared), max(int(diff_window), 1)
+        self.gate_regret = bool(gate_regret)
         self.norm_window, self.window = int(norm_window), int(window)
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
@@ -133,7 +140,11 @@ class NARX(Predictor):
         F = self._F = 1 + self.d_y + U * int(self.linear_x) + self.hidden + U * int(self._kernel)
         # the kernel unit's memory: normalised inputs u_s, the log speed that followed
         M = max(self.memory, 1)
-        self._mem_u = np.zeros((n, M, U))
+        self._mem_u = np.zeros((n, M, U))         # raw readings (lagged)
+        self._xr = np.zeros((n, max(self.d_x, 1), E))  # raw readings, most recent first
+        self._dx = np.zeros((n, self.diff_window, E))  # |changes| of the readings, ring
+        self._dx_count = 0
+        self._support = np.zeros((n, U), dtype=bool)   # the kernel units recalled something
         self._mem_v = np.zeros((n, M))
         self._mem_ok = np.zeros((n, M), dtype=bool)
         self._mem_age = np.zeros(M)
@@ -163,6 +174,7 @@ class NARX(Predictor):
         C = 3 + (U if self._kernel else 0)
         self._cand = np.full((n, C), np.nan)
         self._err = np.zeros((n, C))
+        self._floor = np.full(n, np.nan)             # robust running error of the best
         self._forecast = np.full(n, np.nan)
 
     # ---- the interface -------------------------------------------------------------------
@@ -206,8 +218,13 @@ class NARX(Predictor):
         sd = np.maximum(sd, 1e-2 * np.abs(self._mean) + 1e-6)
         xn = np.clip((exog - self._mean) / sd, -CLIP, CLIP)
         xn = np.where(np.isfinite(xn), xn, 0.0)
+        raw = np.where(np.isfinite(exog), exog, 0.0)
+        if self._count:
+            self._dx[:, self._dx_count % self.diff_window] = np.abs(raw - self._xr[:, 0])
+            self._dx_count += 1
         if self.d_x:
             self._xl = np.concatenate([xn[:, None, :], self._xl[:, :-1]], axis=1)
+            self._xr = np.concatenate([raw[:, None, :], self._xr[:, :-1]], axis=1)
         if self._kernel and self._count:             # remember (u_{t-1}, ly_t)
             k = self._mem_slot
             self._mem_u[:, k] = self._xl_prev
@@ -216,7 +233,7 @@ class NARX(Predictor):
             self._mem_age += 1.0
             self._mem_age[k] = 0.0
             self._mem_slot = (k + 1) % self.memory
-        self._xl_prev = self._xl.reshape(n, -1).copy()
+        self._xl_prev = self._xr.reshape(n, -1).copy()
         self._ly = np.concatenate([ly[:, None], self._ly[:, :-1]], axis=1)
         rate = 1.0 / min(self._count + 1, self.norm_window)
         self._m_y = np.where(np.isfinite(self._m_y), self._m_y + rate * (ly - self._m_y), ly)
@@ -228,6 +245,8 @@ class NARX(Predictor):
         r = np.einsum("nf,nf->n", self._phi, self._theta)
         kernels = y[:, None] * np.exp(SCALE * self._phi[:, self._F - self._U:]) \
             if self._kernel else np.zeros((n, 0))
+        if self._kernel:                             # nothing similar remembered: the network
+            kernels = np.where(self._support, kernels, (y * np.exp(SCALE * r))[:, None])
         self._forecast = self._combine(y, y * np.exp(SCALE * r), kernels)
 
     def _features(self, ly) -> np.ndarray:
@@ -243,7 +262,9 @@ class NARX(Predictor):
             if self.hidden:
                 parts.append(np.tanh(self.sharpness * (u[:, :, None] - self._knots)).reshape(n, -1))
             if self._kernel:
-                parts.append((self._recall(u) - ly[:, None]) / SCALE)
+                g = self._recall(self._xr.reshape(n, -1))
+                self._support = np.isfinite(g)
+                parts.append((g - ly[:, None]) / SCALE)
         phi = np.concatenate(parts, axis=1)
         phi[~np.isfinite(phi)] = 0.0               # lags not filled yet
         phi[~np.isfinite(ly)] = np.nan             # no speed yet: nothing to learn from
@@ -255,7 +276,14 @@ class NARX(Predictor):
         input, one hidden unit per remembered pair); NaN where nothing similar is
         remembered. Per input, so that an irrelevant input does not blur the others: the
         output layer weighs them."""
-        d = (self._mem_u - u[:, None, :]) / self.bandwidth                      # (n, M, U)
+        k = min(self._dx_count, self.diff_window)
+        if k:
+            scale = np.median(self._dx[:, :k], axis=1)                          # (n, E)
+        else:
+            scale = np.zeros((self.num_workers, self.num_exog))
+        scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
+        h = self.bandwidth * np.tile(scale, (1, max(self.d_x, 1)))[:, :u.shape[1]]
+        d = (self._mem_u - u[:, None, :]) / h[:, None, :]                       # (n, M, U)
         w = np.exp(-0.5 * d * d) * (self.recency ** self._mem_age)[None, :, None]
         w *= self._mem_ok[:, :, None]
         total = w.sum(axis=1)                                                   # (n, U)
@@ -300,6 +328,16 @@ class NARX(Predictor):
         rate = np.where(scored, 1.0 / min(self._count, self.gate_window), 0.0)
         err = np.abs(self._cand / speed[:, None] - 1.0)
         err = np.where(np.isfinite(err), np.minimum(err, 10.0), 10.0)
+        if self.gate_squared:
+            err = err * err
+        if self.gate_regret:                         # what the best candidate missed too
+            best = err.min(axis=1)                   # does not count, beyond a robust floor
+            floor = self._floor
+            fresh = ~np.isfinite(floor)
+            clipped = np.where(fresh, best, np.minimum(best, 2.0 * floor))
+            self._floor = np.where(scored, np.where(fresh, best, floor + rate * (clipped - floor)),
+                                   floor)
+            err = err - best[:, None]
         self._err += rate[:, None] * (np.where(scored[:, None], err, 0.0) - self._err)
 
     def _combine(self, last, net, kernels) -> np.ndarray:
@@ -308,26 +346,33 @@ class NARX(Predictor):
         seen = np.isfinite(self._recent)
         lo = np.fmin(self._recent.min(axis=1, where=seen, initial=np.inf), last)
         hi = np.fmax(self._recent.max(axis=1, where=seen, initial=-np.inf), last)
+        if self._kernel:                             # and the speeds the kernel units remember
+            lo = np.fmin(lo, np.exp(self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)))
+            hi = np.fmax(hi, np.exp(self._mem_v.max(axis=1, where=self._mem_ok,
+                                                     initial=-np.inf)))
         margin = np.maximum(hi - lo, 0.5 * hi)
         sane = np.isfinite(net) & (net > 0) & (net >= lo - margin) & (net <= hi + margin)
         warm = self._count <= self.warmup
         if not warm:
             self.fallbacks += ~sane & np.isfinite(last)
         net = np.where(sane & ~warm, net, last)
-        lo, hi = (lo - margin)[:, None], (hi + margin)[:, None]
-        kernels = np.where(np.isfinite(kernels) & (kernels >= lo) & (kernels <= hi) & ~warm,
-                           kernels, last[:, None])
+        # a kernel unit's forecast is a weighted mean of remembered speeds: sane by design
+        kernels = np.where(np.isfinite(kernels) & (kernels > 0) & ~warm, kernels, last[:, None])
         cand = np.concatenate([np.stack([net, last, self._ema], axis=1), kernels], axis=1)
         self._cand = cand
         if warm:
             return last.copy()
         err = self._err.copy()
-        err[:, [0] + list(range(3, err.shape[1]))] *= 1.0 + self.handicap
+        if self.gate_regret:
+            err += np.where(np.isfinite(self._floor), self._floor, 0.0)[:, None]
+        err[:, [0] + list(range(3, err.shape[1]))] *= (1.0 + self.handicap) ** (
+            2 if self.gate_squared else 1)
         if np.isinf(self.gate_power):               # hard: the best one so far
             w = np.zeros_like(err)
             w[np.arange(len(w)), np.argmin(err, axis=1)] = 1.0
         else:
-            w = (err / err.min(axis=1, keepdims=True).clip(1e-9)) ** -self.gate_power
+            power = self.gate_power / 2 if self.gate_squared else self.gate_power
+            w = (err / err.min(axis=1, keepdims=True).clip(1e-18)) ** -power
             w /= w.sum(axis=1, keepdims=True)
         out = (w * cand).sum(axis=1)
         return np.where(np.isfinite(out) & (out > 0), out, last)
