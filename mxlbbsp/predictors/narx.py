@@ -70,6 +70,7 @@ D_X = 2          # exogenous lags (per column)
 KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
 BANDWIDTH = 1.5  # kernel unit: Gaussian width in units of the input's noise scale (0: no kernel unit)
+PRIOR = 0.05     # kernel unit: weight (in pairs) of its prior, a line through the memory
 DIFF_WINDOW = 32  # the noise scale: median |change| of the reading over this many iterations
 MEMORY = 512     # kernel unit: pairs remembered per worker
 LINEAR_X = True  # the readings themselves are inputs of the output layer too
@@ -83,6 +84,7 @@ GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
 HANDICAP = 0.03  # the learnt candidates' running errors count this much more (Occam)
 GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
 GATE_SQUARED = False
+DOUBT = 0.0       # the learnt candidates' errors count DOUBT / t more at iteration t
 GATE_REGRET = True  # the gate scores each candidate's error beyond the best one's  # errors of the gate: squared relative errors (RMS), else absolute
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
@@ -113,7 +115,8 @@ class NARX(Predictor):
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
                  gate_squared: bool = GATE_SQUARED, diff_window: int = DIFF_WINDOW,
-                 gate_regret: bool = GATE_REGRET,
+                 gate_regret: bool = GATE_REGRET, prior: float = PRIOR,
+                 doubt: float = DOUBT,
                  handicap: float = HANDICAP,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
                  ):
@@ -130,6 +133,7 @@ class NARX(Predictor):
         self.handicap = float(handicap)
         self.gate_squared, self.diff_window = bool(gate_squared), max(int(diff_window), 1)
         self.gate_regret = bool(gate_regret)
+        self.prior, self.doubt = float(prior), float(doubt)
         self.norm_window, self.window = int(norm_window), int(window)
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
@@ -284,10 +288,29 @@ class NARX(Predictor):
         scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
         h = self.bandwidth * np.tile(scale, (1, max(self.d_x, 1)))[:, :u.shape[1]]
         d = (self._mem_u - u[:, None, :]) / h[:, None, :]                       # (n, M, U)
-        w = np.exp(-0.5 * d * d) * (self.recency ** self._mem_age)[None, :, None]
-        w *= self._mem_ok[:, :, None]
+        a = (self.recency ** self._mem_age)[None, :] * self._mem_ok             # (n, M)
+        w = np.exp(-0.5 * d * d) * a[:, :, None]
         total = w.sum(axis=1)                                                   # (n, U)
-        mean = np.einsum("nmu,nm->nu", w, self._mem_v) / np.maximum(total, 1e-300)
+        near = np.einsum("nmu,nm->nu", w, self._mem_v)
+        if self.prior > 0:
+            # the prior: a straight line through the memory, per input (weighted least
+            # squares of the log speed on the reading), so that a reading never seen is
+            # extrapolated from the ones seen instead of unknown
+            s0 = np.maximum(a.sum(axis=1), 1e-300)[:, None]                     # (n, 1)
+            mu = np.einsum("nm,nmu->nu", a, self._mem_u) / s0
+            mv = (a * self._mem_v).sum(axis=1)[:, None] / s0[:, 0:1]
+            du = self._mem_u - mu[:, None, :]
+            var = np.einsum("nm,nmu->nu", a, du * du) / s0
+            cov = np.einsum("nm,nmu,nm->nu", a, du, self._mem_v) / s0
+            slope = cov / (var + (h * h))
+            line = mv + slope * (u - mu)
+            ok = self._mem_ok.any(axis=1, keepdims=True)
+            lo = self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)[:, None]
+            hi = self._mem_v.max(axis=1, where=self._mem_ok, initial=-np.inf)[:, None]
+            line = np.clip(line, lo - (hi - lo), hi + (hi - lo))
+            mean = (near + self.prior * line) / (total + self.prior)
+            return np.where(ok, mean, np.nan)
+        mean = near / np.maximum(total, 1e-300)
         return np.where(total > 1e-3, mean, np.nan)
 
     def _update_stats(self, values: np.ndarray) -> None:
@@ -365,7 +388,8 @@ class NARX(Predictor):
         err = self._err.copy()
         if self.gate_regret:
             err += np.where(np.isfinite(self._floor), self._floor, 0.0)[:, None]
-        err[:, [0] + list(range(3, err.shape[1]))] *= (1.0 + self.handicap) ** (
+        err[:, [0] + list(range(3, err.shape[1]))] *= (
+            1.0 + self.handicap + self.doubt / self._count) ** (
             2 if self.gate_squared else 1)
         if np.isinf(self.gate_power):               # hard: the best one so far
             w = np.zeros_like(err)
