@@ -80,12 +80,11 @@ DELTA = 1.0      # prior: P0 = DELTA I (ridge 1/DELTA towards the last value)
 MAX_TRACE = 1e4  # P is not inflated beyond this (no wind-up when inputs do not vary)
 CLIP_ERR = 3.0   # an RLS error is clipped to this many running mean |errors|
 WARMUP = 3       # observations before the network is used
-GATE_WINDOW = 30  # horizon of the running errors that weigh the forecasts
+GATE_WINDOW = 60  # horizon of the running errors that weigh the forecasts
 HANDICAP = 0.03  # the learnt candidates' running errors count this much more (Occam)
-GATE_POWER = 8.0  # weight ~ (error / smallest error)^-GATE_POWER
-GATE_SQUARED = False
-DOUBT = 0.0       # the learnt candidates' errors count DOUBT / t more at iteration t
-GATE_REGRET = True  # the gate scores each candidate's error beyond the best one's  # errors of the gate: squared relative errors (RMS), else absolute
+GATE_POWER = 16.0 # weight ~ (error / smallest error)^-GATE_POWER
+GATE_SQUARED = False  # the gate's errors: absolute relative errors (else squared: RMS)
+GATE_REGRET = True   # the gate scores each candidate's error beyond the best one's
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
 WINDOW = 64      # speeds kept for the sanity range
