@@ -115,7 +115,6 @@ class NARX(Predictor):
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
                  gate_squared: bool = GATE_SQUARED, diff_window: int = DIFF_WINDOW,
                  gate_regret: bool = GATE_REGRET, prior: float = PRIOR,
-                 doubt: float = DOUBT,
                  handicap: float = HANDICAP,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
                  ):
@@ -132,7 +131,7 @@ class NARX(Predictor):
         self.handicap = float(handicap)
         self.gate_squared, self.diff_window = bool(gate_squared), max(int(diff_window), 1)
         self.gate_regret = bool(gate_regret)
-        self.prior, self.doubt = float(prior), float(doubt)
+        self.prior = float(prior)
         self.norm_window, self.window = int(norm_window), int(window)
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
@@ -388,7 +387,7 @@ class NARX(Predictor):
         if self.gate_regret:
             err += np.where(np.isfinite(self._floor), self._floor, 0.0)[:, None]
         err[:, [0] + list(range(3, err.shape[1]))] *= (
-            1.0 + self.handicap + self.doubt / self._count) ** (
+            1.0 + self.handicap) ** (
             2 if self.gate_squared else 1)
         if np.isinf(self.gate_power):               # hard: the best one so far
             w = np.zeros_like(err)
