@@ -147,6 +147,14 @@ class NARX(Predictor):
         self._dx = np.zeros((n, self.diff_window, E))  # |changes| of the readings, ring
         self._dx_count = 0
         self._support = np.zeros((n, U), dtype=bool)   # the kernel units recalled something
+        # what _refit derives from the memory: widths, prior line
+        self._h = np.ones((n, U))
+        self._sums = np.zeros((n, 5, U))            # weighted sums over the memory
+        self._line_u, self._line_v = np.zeros((n, U)), np.zeros((n, U))
+        self._line_slope = np.zeros((n, U))
+        self._line_lo, self._line_hi = np.zeros((n, 1)), np.zeros((n, 1))
+        self._line_ok = np.zeros((n, U), dtype=bool)
+        self._stale = False                          # the memory changed since _refit
         self._mem_v = np.zeros((n, M))
         self._mem_ok = np.zeros((n, M), dtype=bool)
         self._mem_age = np.zeros(M)
@@ -195,9 +203,12 @@ class NARX(Predictor):
     def learn(self) -> None:
         """Fold the newest pair into the fit (the forecast came from theta before it)."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):
+            if pending is not None:
                 self._rls(*pending)
+            if self._stale and self._mem_slot == 0:
+                self._refit()                        # once per turn of the memory
+            self._stale = False
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -229,12 +240,18 @@ class NARX(Predictor):
             self._xr = np.concatenate([raw[:, None, :], self._xr[:, :-1]], axis=1)
         if self._kernel and self._count:             # remember (u_{t-1}, ly_t)
             k = self._mem_slot
+            old = self._mem_ok[:, k] * self.recency ** self._mem_age[k]
+            self._sums -= old[:, None, None] * self._moments(self._mem_u[:, k], self._mem_v[:, k])
+            self._sums *= self.recency
+            self._sums += good[:, None, None] * self._moments(self._xl_prev, ly)
             self._mem_u[:, k] = self._xl_prev
             self._mem_v[:, k] = ly
             self._mem_ok[:, k] = good
             self._mem_age += 1.0
             self._mem_age[k] = 0.0
             self._mem_slot = (k + 1) % self.memory
+            self._stale = True
+            self._line()
         self._xl_prev = self._xr.reshape(n, -1).copy()
         self._ly = np.concatenate([ly[:, None], self._ly[:, :-1]], axis=1)
         rate = 1.0 / min(self._count + 1, self.norm_window)
@@ -275,41 +292,67 @@ class NARX(Predictor):
     def _recall(self, u) -> np.ndarray:
         """The kernel units, one per input j: a Gaussian-weighted mean of the log speeds
         that followed a value of input j like u_j (a generalised regression network per
-        input, one hidden unit per remembered pair); NaN where nothing similar is
-        remembered. Per input, so that an irrelevant input does not blur the others: the
-        output layer weighs them."""
-        k = min(self._dx_count, self.diff_window)
-        if k:
-            scale = np.median(self._dx[:, :k], axis=1)                          # (n, E)
-        else:
-            scale = np.zeros((self.num_workers, self.num_exog))
-        scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
-        h = self.bandwidth * np.tile(scale, (1, max(self.d_x, 1)))[:, :u.shape[1]]
-        d = (self._mem_u - u[:, None, :]) / h[:, None, :]                       # (n, M, U)
-        a = (self.recency ** self._mem_age)[None, :] * self._mem_ok             # (n, M)
-        w = np.exp(-0.5 * d * d) * a[:, :, None]
+        input, one hidden unit per remembered pair), the Gaussian's width BANDWIDTH times
+        the input's noise scale (the median change of the reading from one iteration to the
+        next); with the prior (a straight line through the memory, of weight ``prior``
+        pairs) where little or nothing similar is remembered; NaN before any pair. Per
+        input, so that an irrelevant input does not blur the others: the gate weighs them.
+        The scale and the line come from ``_refit`` (in ``learn``, off the critical path)."""
+        d = (self._mem_u - u[:, None, :]) * (1.0 / self._h)[:, None, :]        # (n, M, U)
+        d *= d
+        d *= -0.5
+        log_a = np.where(self._mem_ok, self._mem_age * np.log(self.recency), -np.inf)
+        d += log_a[:, :, None]
+        w = np.exp(d, out=d)
         total = w.sum(axis=1)                                                   # (n, U)
         near = np.einsum("nmu,nm->nu", w, self._mem_v)
         if self.prior > 0:
-            # the prior: a straight line through the memory, per input (weighted least
-            # squares of the log speed on the reading), so that a reading never seen is
-            # extrapolated from the ones seen instead of unknown
-            s0 = np.maximum(a.sum(axis=1), 1e-300)[:, None]                     # (n, 1)
-            mu = np.einsum("nm,nmu->nu", a, self._mem_u) / s0
-            mv = (a * self._mem_v).sum(axis=1)[:, None] / s0[:, 0:1]
-            du = self._mem_u - mu[:, None, :]
-            var = np.einsum("nm,nmu->nu", a, du * du) / s0
-            cov = np.einsum("nm,nmu,nm->nu", a, du, self._mem_v) / s0
-            slope = cov / (var + (h * h))
-            line = mv + slope * (u - mu)
-            ok = self._mem_ok.any(axis=1, keepdims=True)
-            lo = self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)[:, None]
-            hi = self._mem_v.max(axis=1, where=self._mem_ok, initial=-np.inf)[:, None]
-            line = np.clip(line, lo - (hi - lo), hi + (hi - lo))
+            line = np.clip(self._line_v + self._line_slope * (u - self._line_u),
+                           self._line_lo, self._line_hi)
             mean = (near + self.prior * line) / (total + self.prior)
-            return np.where(ok, mean, np.nan)
+            return np.where(self._line_ok, mean, np.nan)
         mean = near / np.maximum(total, 1e-300)
         return np.where(total > 1e-3, mean, np.nan)
+
+    @staticmethod
+    def _moments(u, v) -> np.ndarray:
+        """(n, 5, U): 1, u, v, u^2, u v of pairs (u (n, U), v (n,))."""
+        v = np.broadcast_to(np.where(np.isfinite(v), v, 0.0)[:, None], u.shape)
+        return np.stack([np.ones_like(u), u, v, u * u, u * v], axis=1)
+
+    def _refit(self) -> None:
+        """Recompute the memory's weighted sums exactly (they are updated incrementally
+        in observe; this keeps rounding from accumulating). Off the critical path."""
+        a = (self.recency ** self._mem_age)[None, :] * self._mem_ok             # (n, M)
+        v = np.where(self._mem_ok, self._mem_v, 0.0)
+        u = self._mem_u
+        self._sums = np.stack([
+            np.broadcast_to(a.sum(axis=1)[:, None], (self.num_workers, self._U)),
+            np.einsum("nm,nmu->nu", a, u), np.broadcast_to((a * v).sum(axis=1)[:, None],
+                                                           (self.num_workers, self._U)),
+            np.einsum("nm,nmu->nu", a, u * u), np.einsum("nm,nmu->nu", a * v, u)], axis=1)
+
+    def _line(self) -> None:
+        """The kernel units' widths and prior lines from the memory as it is now: weighted
+        least squares of the log speed on each input, never beyond the remembered range
+        widened by itself on each side."""
+        n, U = self.num_workers, self._U
+        k = min(self._dx_count, self.diff_window)
+        scale = np.median(self._dx[:, :k], axis=1) if k else np.zeros((n, self.num_exog))
+        scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
+        self._h = self.bandwidth * np.tile(scale, (1, max(self.d_x, 1)))[:, :U]
+        s0, su, sv, suu, suv = np.moveaxis(self._sums, 1, 0)
+        s0 = np.maximum(s0, 1e-300)
+        mu, mv = su / s0, sv / s0
+        var = np.maximum(suu / s0 - mu * mu, 0.0)
+        cov = suv / s0 - mu * mv
+        slope = cov / (var + self._h * self._h)
+        lo = self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)[:, None]
+        hi = self._mem_v.max(axis=1, where=self._mem_ok, initial=-np.inf)[:, None]
+        self._line_u, self._line_v = mu, mv
+        self._line_slope = np.where(np.isfinite(slope), slope, 0.0)
+        self._line_lo, self._line_hi = lo - (hi - lo), hi + (hi - lo)
+        self._line_ok = self._mem_ok.any(axis=1, keepdims=True) & np.ones((n, U), dtype=bool)
 
     def _update_stats(self, values: np.ndarray) -> None:
         self._var = running_moments(self._seen, self._mean, self._var, values, self.norm_window)
