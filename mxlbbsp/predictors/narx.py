@@ -70,6 +70,7 @@ D_X = 2          # exogenous lags (per column)
 KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
 BANDWIDTH = 1.2  # kernel unit: Gaussian width in units of the input's noise scale (0: no kernel unit)
+KERNEL = "biweight"  # kernel unit's shape: "biweight" (compact, no exp) or "gauss"
 PRIOR = 0.05     # kernel unit: weight (in pairs) of its prior, a line through the memory
 DIFF_WINDOW = 32  # the noise scale: median |change| of the reading over this many iterations
 MEMORY = 512     # kernel unit: pairs remembered per worker
@@ -115,6 +116,7 @@ class NARX(Predictor):
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
                  gate_squared: bool = GATE_SQUARED, diff_window: int = DIFF_WINDOW,
                  gate_regret: bool = GATE_REGRET, prior: float = PRIOR,
+                 kernel: str = KERNEL,
                  handicap: float = HANDICAP,
                  norm_window: int = NORM_WINDOW, window: int = WINDOW,
                  ):
@@ -132,6 +134,9 @@ class NARX(Predictor):
         self.gate_squared, self.diff_window = bool(gate_squared), max(int(diff_window), 1)
         self.gate_regret = bool(gate_regret)
         self.prior = float(prior)
+        if kernel not in ("gauss", "biweight"):
+            raise ValueError("narx: kernel is 'gauss' or 'biweight'")
+        self.kernel = kernel
         self.norm_window, self.window = int(norm_window), int(window)
         n, E = self.num_workers, self.num_exog
         U = self._U = self.d_x * E
@@ -142,7 +147,7 @@ class NARX(Predictor):
         F = self._F = 1 + self.d_y + U * int(self.linear_x) + self.hidden + U * int(self._kernel)
         # the kernel unit's memory: normalised inputs u_s, the log speed that followed
         M = max(self.memory, 1)
-        self._mem_u = np.zeros((n, M, U))         # raw readings (lagged)
+        self._mem_u = np.zeros((n, M, U), dtype=np.float32)  # raw readings (lagged)
         self._xr = np.zeros((n, max(self.d_x, 1), E))  # raw readings, most recent first
         self._dx = np.zeros((n, self.diff_window, E))  # |changes| of the readings, ring
         self._dx_count = 0
@@ -298,14 +303,23 @@ class NARX(Predictor):
         pairs) where little or nothing similar is remembered; NaN before any pair. Per
         input, so that an irrelevant input does not blur the others: the gate weighs them.
         The scale and the line come from ``_refit`` (in ``learn``, off the critical path)."""
-        d = (self._mem_u - u[:, None, :]) * (1.0 / self._h)[:, None, :]        # (n, M, U)
-        d *= d
-        d *= -0.5
-        log_a = np.where(self._mem_ok, self._mem_age * np.log(self.recency), -np.inf)
-        d += log_a[:, :, None]
-        w = np.exp(d, out=d)
-        total = w.sum(axis=1)                                                   # (n, U)
-        near = np.einsum("nmu,nm->nu", w, self._mem_v)
+        a = np.where(self._mem_ok, self.recency ** self._mem_age, 0.0)          # (n, M)
+        if self.kernel == "biweight":                # (1 - d^2 / 7)_+^2: the same variance
+            d = (self._mem_u - u.astype(np.float32)[:, None, :]) \
+                * (1.0 / (7.0 ** 0.5 * self._h)).astype(np.float32)[:, None, :]
+            d *= d
+            np.subtract(1.0, d, out=d)
+            np.maximum(d, 0.0, out=d)
+            d *= d
+            w = d
+        else:                                        # Gaussian
+            d = (self._mem_u - u[:, None, :]) * (1.0 / self._h)[:, None, :]    # (n, M, U)
+            d *= d
+            d *= -0.5
+            w = np.exp(d, out=d)
+        w *= a.astype(w.dtype)[:, :, None]
+        total = w.sum(axis=1, dtype=float)                                      # (n, U)
+        near = np.matmul(self._mem_v.astype(w.dtype)[:, None, :], w)[:, 0].astype(float)
         if self.prior > 0:
             line = np.clip(self._line_v + self._line_slope * (u - self._line_u),
                            self._line_lo, self._line_hi)
