@@ -317,9 +317,8 @@ class NARX(Predictor):
             d *= d
             d *= -0.5
             w = np.exp(d, out=d)
-        w *= a.astype(w.dtype)[:, :, None]
-        total = w.sum(axis=1, dtype=float)                                      # (n, U)
-        near = np.matmul(self._mem_v.astype(w.dtype)[:, None, :], w)[:, 0].astype(float)
+        both = np.stack([a, a * np.where(self._mem_ok, self._mem_v, 0.0)], axis=1)  # (n, 2, M)
+        total, near = np.moveaxis(np.matmul(both.astype(w.dtype), w).astype(float), 1, 0)
         if self.prior > 0:
             line = np.clip(self._line_v + self._line_slope * (u - self._line_u),
                            self._line_lo, self._line_hi)
