@@ -66,7 +66,7 @@ VARIANTS = [
     ("kernel width 1.6", {"bandwidth": 1.6}),
     ("Gaussian kernel", {"kernel": "gauss"}),
     ("no prior line", {"prior": 0.0}),
-    ("memory 128", {"memory": 128}),
+    ("memory 512", {"memory": 512}),
     ("gate on errors, not regrets", {"gate_regret": False}),
     ("gate power 8", {"gate_power": 8.0}),
     ("gate window 30", {"gate_window": 30}),
