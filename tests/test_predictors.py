@@ -272,3 +272,24 @@ def test_narx_reaches_the_noise_floor_from_the_start():
         to_oracle.append(m / oracle)
     assert np.mean(to_best) <= 0.5, to_best
     assert np.mean(to_oracle) <= 2.0, to_oracle
+
+
+def test_narx_state_dict_round_trip_continues_the_same_forecasts():
+    """A checkpoint (state_dict through JSON) taken after learn() restores a NARX that goes
+    on forecasting exactly as the original: kernel memory, its sums, the gate, RLS."""
+    import json
+    rows, _ = bench.family(seed=5, T=120, ranks=1)
+    y = np.array([[r[2]] for r in rows])
+    x = np.array([[r[3:]] for r in rows])
+    a = predictors.create("narx", 1, 2)
+    for t in range(70):
+        a.observe(y[t], x[t])
+        a.learn()
+    b = predictors.create("narx", 1, 2)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    for t in range(70, 120):
+        a.observe(y[t], x[t])
+        b.observe(y[t], x[t])
+        np.testing.assert_allclose(b.predict(), a.predict(), rtol=1e-12)
+        a.learn()
+        b.learn()
