@@ -62,15 +62,15 @@ VARIANTS = [
     ("default", {}),
     ("no kernel units (RLS over readings only)", {"bandwidth": 0.0}),
     ("no linear readings", {"linear_x": False}),
-    ("kernel width 0.2", {"bandwidth": 0.2}),
-    ("kernel width 0.5", {"bandwidth": 0.5}),
-    ("lam 0.99", {"lam": 0.99}),
-    ("lam 0.999", {"lam": 0.999}),
-    ("gate power 4", {"gate_power": 4.0}),
-    ("gate hard", {"gate_power": float("inf")}),
-    ("gate window 15", {"gate_window": 15}),
+    ("kernel width 0.8", {"bandwidth": 0.8}),
+    ("kernel width 1.6", {"bandwidth": 1.6}),
+    ("Gaussian kernel", {"kernel": "gauss"}),
+    ("no prior line", {"prior": 0.0}),
+    ("memory 512", {"memory": 512}),
+    ("gate on errors, not regrets", {"gate_regret": False}),
+    ("gate power 8", {"gate_power": 8.0}),
+    ("gate window 30", {"gate_window": 30}),
     ("d_x 1", {"d_x": 1}),
-    ("tanh knots -1.5..1.5 (5)", {"knots": (-1.5, -0.75, 0.0, 0.75, 1.5), "sharpness": 4.0}),
 ]
 
 

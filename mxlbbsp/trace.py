@@ -13,8 +13,8 @@ present and named once; iteration and rank are integers, rank >= 0; every other 
 number; speed is a finite number > 0 (0 would make MAPE undefined); no (rank, iteration)
 appears twice; every rank has at least ``MIN_ROWS = 3 + max(NARX d_y, NARX d_x, AR p)`` rows
 (6): the longest delay line filled, and a few forecasts to score. That is a floor, not
-enough for a fair comparison: NARX forecasts the last value for its first 20 observations
-(its warm-up) and needs a few hundred to learn.
+enough for a fair comparison: NARX forecasts the last value for its first 3 observations
+(its warm-up) and needs tens of iterations to learn a load-speed relation.
 
 Replay (:func:`evaluate`): each rank separately, with a fresh predictor (``num_workers=1``)
 per rank, in iteration order. After row k is observed the predictor forecasts row k+1, so it
