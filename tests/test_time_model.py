@@ -12,43 +12,26 @@ answer. The simulated times are what the real MLP showed: a fixed cost, a small 
 sample, +-30 % noise and now and then an iteration stretched 3x by another tenant.
 """
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
-from mxlbbsp.coordinator import (RETRY_EQUAL, SPEED_WINDOW, Coordinator,
-                                 CoordinatorConfig)
+from mxlbbsp.coordinator import RETRY_EQUAL, SPEED_WINDOW
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+# the simulation of benchmarks/time_model.py: a real Coordinator fed simulated times
+from time_model import median_ratio, run as simulate  # noqa: E402
 
-def simulate(seed, fixed_s, per_sample_s, slow=1.0, iterations=120, B=64):
-    """Worker 0's batch size per iteration, balanced by a real Coordinator (default
-    predictor and time model) against two simulated workers, worker 1 ``slow`` times
-    slower."""
-    rng = np.random.default_rng(seed)
-    c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
-    c._send_allocation = lambda t, sizes: None      # no workers to send to
-    sizes = np.array([B // 2, B - B // 2])
-    c._sizes = sizes.copy()
-    out = []
-    for t in range(iterations):
-        noise = rng.lognormal(0, 0.3, 2) * np.where(rng.random(2) < 0.05, 3, 1)
-        compute = (fixed_s + per_sample_s * sizes) * np.array([1.0, slow]) * noise
-        c._on_iteration(t, {r: {"batch_size": int(sizes[r]), "compute_s": float(compute[r]),
-                                "next_global_batch": B} for r in range(2)})
-        sizes = np.asarray(c._sizes)
-        out.append(int(sizes[0]))
-    return out
-
-
-def median_ratio(b0, B=64):
-    ratios = sorted(max(b, B - b) / min(b, B - b) for b in b0)
-    return ratios[len(ratios) // 2]
+NOISE = 0.3         # +-30 %, and 5 % of iterations stretched 3x: as the real MLP
 
 
 def test_equal_workers_on_a_fixed_cost_stay_near_the_equal_split():
     # 4 ms fixed + 30 us per sample: 80 % of a 32-sample iteration is fixed cost
-    late = [median_ratio(simulate(seed, 0.004, 3e-5)[60:]) for seed in range(12)]
+    late = [median_ratio(simulate(seed, 0.004, 3e-5, 1.0, NOISE)[60:])
+            for seed in range(12)]
     # (the time model before this test: 4 of these 12 runs held a split beyond 1.5:1)
     assert sum(r <= 1.5 for r in late) >= 11, late
 
@@ -60,7 +43,7 @@ def test_equal_workers_on_a_fixed_cost_stay_near_the_equal_split():
 def test_a_worker_three_times_slower_still_gets_fewer_samples(fixed_s, per_sample_s,
                                                               best_b0):
     for seed in range(3):
-        b0 = simulate(seed, fixed_s, per_sample_s, slow=3.0)[30:]
+        b0 = simulate(seed, fixed_s, per_sample_s, 3.0, NOISE)[30:]
         assert abs(np.median(b0) - best_b0) <= 4, (seed, b0)
 
 
