@@ -73,6 +73,60 @@ RETRY_EQUAL = 24
 #: held split cannot (seen: 1:63 held for 25 iterations after the slow worker recovered)
 HELD_UNEVEN = 4.0
 
+
+class AutoRegime:
+    """``--time-model auto``: whether the fixed cost dominates the job and, if so, whether
+    a worker is clearly slower; from the AffineFit's estimates, one iteration at a time."""
+
+    def __init__(self):
+        self.fixed_dominates = False     # the fixed-cost regime
+        self.uneven = False              # in it: a worker is clearly slower
+        self.uneven_for = 0              # iterations since it was found slower
+        self.fixed_votes = 0             # iterations in a row the fit said fixed
+        self.held_for = 0                # linear regime: iterations the split stayed uneven
+
+    def equal_split(self, fit: _bal.AffineFit, batch: np.ndarray) -> bool:
+        """Update the regime with the fit after this iteration (batch sizes ``batch``);
+        True when the workers count as equal this time (the equal model)."""
+        if self.fixed_dominates:
+            self.fixed_dominates = fit.job_share_high >= FIXED_SHARE
+            self.fixed_votes = 0
+        else:
+            self.fixed_votes = self.fixed_votes + 1 if fit.job_share >= FIXED_SHARE else 0
+            self.fixed_dominates = self.fixed_votes >= FIXED_VOTES
+        if not self.fixed_dominates:
+            # The linear model, while the fit cannot yet tell whether the fixed cost
+            # dominates: a split it holds uneven gives the fit nothing new to go by (and on
+            # a fixed cost it may hold one long after the slow worker recovered), so the
+            # equal split is tried once every RETRY_EQUAL iterations.
+            self.uneven = False
+            held = batch.max() > HELD_UNEVEN * batch.min() and \
+                fit.job_share_high >= FIXED_SHARE
+            self.held_for = self.held_for + 1 if held else 0
+            if self.held_for < RETRY_EQUAL:
+                return False
+            self.held_for = 0
+            return True
+        # A worker clearly slower (a slow host, not noise) is balanced as before: the linear
+        # model, the slow worker gets proportionally less. Otherwise the workers count as
+        # equal: balancing noise on an iteration that hardly grows with the batch would only
+        # move the split to an extreme and leave it there.
+        lo, hi = fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
+                                        fixed_share=(fit.job_share_low, fit.job_share_high))
+        if np.isfinite(lo).all():               # else too few observations: as before
+            if self.uneven:
+                self.uneven_for += 1
+                self.uneven = not (hi.max() <= SAME_SPEED * lo.min()
+                                   or self.uneven_for >= RETRY_EQUAL)
+                if not self.uneven and fit.job_share < COMPUTE_BOUND:
+                    # balancing made the batch sizes vary, and the fit no longer calls the
+                    # fixed cost dominant: a compute-bound job, the linear model's
+                    self.fixed_dominates = False
+            else:
+                self.uneven = bool(lo.max() > CLEARLY_SLOWER * hi.min())
+                self.uneven_for = 0
+        return self.fixed_dominates and not self.uneven
+
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
 REFUSAL_SUMMARY_S = 10.0
@@ -158,11 +212,7 @@ class Coordinator:
         # threshold (see balancer.Balancer._prefer_equal)
         self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch,
                                        prefer_equal=config.time_model == "auto")
-        self._fixed_dominates = False                # auto: the fixed cost dominates
-        self._uneven = False                         # auto, fixed cost: a worker is slower
-        self._uneven_for = 0                         # iterations since it was found slower
-        self._fixed_votes = 0                        # iterations in a row the fit said fixed
-        self._held_for = 0                           # linear: iterations the split stayed uneven
+        self._regime = AutoRegime()                  # --time-model auto
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
@@ -206,7 +256,7 @@ class Coordinator:
                 "predictor_name": self.config.predictor,
                 "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
                 "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
-                "regime": {"fixed_dominates": self._fixed_dominates, "uneven": self._uneven},
+                "regime": object_state(self._regime),
                 "metrics_records": self._written}
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -221,9 +271,8 @@ class Coordinator:
         if state.get("predictor_name") == self.config.predictor:
             self._predictor.load_state_dict(state["predictor"])
         load_object_state(self._fit, state["fit"])
-        regime = state.get("regime") or {}
-        self._fixed_dominates = bool(regime.get("fixed_dominates", False))
-        self._uneven = bool(regime.get("uneven", False))
+        if state.get("regime"):
+            load_object_state(self._regime, state["regime"])
         if state.get("sizes"):
             self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
 
@@ -573,56 +622,13 @@ class Coordinator:
         kind = self.config.time_model
         if kind != "linear":
             self._fit.observe(batch, compute)
-        if kind == "auto":
-            if self._fixed_dominates:
-                self._fixed_dominates = self._fit.job_share_high >= FIXED_SHARE
-                self._fixed_votes = 0
-            else:
-                votes = self._fixed_votes + 1 if self._fit.job_share >= FIXED_SHARE else 0
-                self._fixed_votes = votes
-                self._fixed_dominates = votes >= FIXED_VOTES
-        model = None
-        equal = False
-        if kind == "auto" and self._fixed_dominates:
-            # A worker clearly slower (a slow host, not noise) is balanced as before: the
-            # linear model, the slow worker gets proportionally less. Otherwise the workers
-            # count as equal: balancing noise on an iteration that hardly grows with the
-            # batch would only move the split to an extreme and leave it there.
-            fit = self._fit
-            lo, hi = fit.equal_split_bounds(batch.sum() / n, recent=SPEED_WINDOW,
-                                            fixed_share=(fit.job_share_low, fit.job_share_high))
-            if np.isfinite(lo).all():               # else too few observations: as before
-                if self._uneven:
-                    self._uneven_for += 1
-                    self._uneven = not (hi.max() <= SAME_SPEED * lo.min()
-                                        or self._uneven_for >= RETRY_EQUAL)
-                    if not self._uneven and fit.job_share < COMPUTE_BOUND:
-                        # balancing made the batch sizes vary, and the fit no longer calls
-                        # the fixed cost dominant: a compute-bound job, the linear model's
-                        self._fixed_dominates = False
-                else:
-                    self._uneven = bool(lo.max() > CLEARLY_SLOWER * hi.min())
-                    self._uneven_for = 0
-            equal = self._fixed_dominates and not self._uneven
-        elif kind == "auto":
-            # The linear model, while the fit cannot yet tell whether the fixed cost
-            # dominates: a split it holds uneven gives the fit nothing new to go by (and on a
-            # fixed cost it may hold one long after the slow worker recovered), so the equal
-            # split is tried once every RETRY_EQUAL iterations.
-            self._uneven = False
-            held = batch.max() > HELD_UNEVEN * batch.min() and \
-                self._fit.job_share_high >= FIXED_SHARE
-            self._held_for = self._held_for + 1 if held else 0
-            equal = self._held_for >= RETRY_EQUAL
-            if equal:
-                self._held_for = 0
-        if equal:
+        if kind == "auto" and self._regime.equal_split(self._fit, batch):
             model = self._equal_model(batch, compute)
             # the predictor still observes (whole-time speeds): no gaps in its lags
             if hasattr(self._predictor, "advance"):
                 self._predictor.advance(t)
             self._predictor.observe(batch / compute, exog)
-        if model is None:
+        else:
             fixed = np.minimum(self._fit.intercept, 0.8 * compute) if kind == "affine" \
                 else np.zeros(n)
             # The predictor sees the batch-invariant (marginal) speed; with the linear model
