@@ -475,11 +475,14 @@ class Job:
                 f"{_ranks(waiting.ranks)} never finished (a worker, a server or the network "
                 f"hangs){note}")
 
+    def preflight(self, host) -> Optional[str]:
+        """What is wrong with ``host`` for this job now (ssh pre-flight), None if nothing."""
+        return ssh._check(host, self._ssh, self._python(host), self.config.cwd)
+
     def _host_answers(self, name: str) -> bool:
         """Whether ``name`` still passes the pre-flight (a few seconds at most)."""
         host = next((h for h in self.hosts if h.name == name), None)
-        return host is not None and ssh._check(host, self._ssh, self._python(host),
-                                               self.config.cwd) is None
+        return host is not None and self.preflight(host) is None
 
     def _first_failure(self) -> Optional[int]:
         for p in self.workers + self.servers + [self.scheduler]:
@@ -601,7 +604,7 @@ def _reachable(job: Job) -> tuple:
     """(hosts that pass the pre-flight, one reason per host that does not)."""
     results = {}
     for h in ssh.distinct(job.hosts):
-        results[h.name] = ssh._check(h, job._ssh, job._python(h), job.config.cwd)
+        results[h.name] = job.preflight(h)
     ok = [h for h in job.hosts if not results.get(h.name)]
     return ok, [f"{name} unreachable" for name, r in results.items() if r]
 

@@ -179,15 +179,17 @@ class Sshd:
 
     # ---- client side ----------------------------------------------------------------------
 
-    def ssh_options(self) -> List[str]:
-        """``ssh -o`` options that trust this server's host key (and no other)."""
-        return [f"UserKnownHostsFile={self.known_hosts}", "StrictHostKeyChecking=yes",
-                "IdentitiesOnly=yes"]
+    def ssh_options(self, known_hosts: Optional[Path] = None) -> List[str]:
+        """``ssh -o`` options that trust this server's host key (and no other; or those of
+        ``known_hosts``)."""
+        return [f"UserKnownHostsFile={known_hosts or self.known_hosts}",
+                "StrictHostKeyChecking=yes", "IdentitiesOnly=yes"]
 
-    def launch_options(self) -> List[str]:
-        """The options of ``mxlbbsp launch`` that reach this server."""
+    def launch_options(self, known_hosts: Optional[Path] = None) -> List[str]:
+        """The options of ``mxlbbsp launch`` that reach this server (``known_hosts``: a
+        known_hosts file of one's own, e.g. for a second server with the same keys)."""
         out = ["--ssh-port", str(self.port), "--ssh-identity", str(self.client_key)]
-        for option in self.ssh_options():
+        for option in self.ssh_options(known_hosts):
             out += ["--ssh-option", option]
         return out
 

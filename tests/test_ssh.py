@@ -319,11 +319,7 @@ def test_restarts_leave_out_a_host_that_is_gone(sshd, tmp_path, running):
         hosts = tmp_path / "hosts"
         hosts.write_text("127.0.0.1 slots=1\n127.0.0.3 slots=1\n")
         ckpt = tmp_path / "ckpt"
-        job = running(["launch", "-H", hosts, "--ssh-port", sshd.port,
-                       "--ssh-identity", sshd.client_key,
-                       "--ssh-option", f"UserKnownHostsFile={known}",
-                       "--ssh-option", "StrictHostKeyChecking=yes",
-                       "--ssh-option", "IdentitiesOnly=yes", "--progress", "0",
+        job = running(["launch", "-H", hosts, *sshd.launch_options(known), "--progress", "0",
                        "--emulate-compute", "2", "--checkpoint-dir", ckpt,
                        "--checkpoint-every", 5, "--restarts", 1,
                        "--", PY, CKPT_SCRIPT, tmp_path, "--epochs", 6])
