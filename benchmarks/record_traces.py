@@ -15,6 +15,12 @@ off; "random": exponential durations with those means, seeded):
 * ``mem``: numpy streaming a ``mb`` MB array (copy + sum, over and over): memory bandwidth
   and last-level cache, little CPU beyond its one core.
 
+A tenant with a ``core`` runs pinned to that core. Recordings with ``pin`` run each worker
+pinned to its own core too (benchmarks/_pin.py: worker r on core r, as in
+benchmarks/contention.py), so that a tenant slows down exactly the worker it shares a core
+with: the dedicated-core setting of a shared cluster, where the noise of Linux spreading three
+busy threads over two cores from one 4 ms slice to the next is gone.
+
 The traces carry every signal the workers report (mxlbbsp/signals.py: others_cpu, ctx_invol,
 run_delay, cpu_pressure, steal, runq) next to cpu_percent and mem_percent.
 
@@ -60,12 +66,23 @@ RECORDINGS = {
     "resnet20_mixed": dict(model="resnet20", batch=64, iterations=200, sync="bsp", tenants=[
         dict(CPU_HALF, schedule="periodic", on_s=5.0, off_s=5.0),
         dict(MEM, schedule="random", on_s=4.0, off_s=4.0)]),
+    "resnet20_pinned_cpu": dict(model="resnet20", batch=128, iterations=200, sync="bsp",
+                                pin=True, tenants=[
+        dict(CPU_FULL, core=0, schedule="random", on_s=2.0, off_s=2.0),
+        dict(CPU_HALF, core=1, schedule="random", on_s=3.0, off_s=3.0)]),
+    "cnn_pinned_levels": dict(model="cnn", batch=1024, iterations=250, sync="bsp", pin=True,
+                              tenants=[
+        dict(CPU_FULL, core=0, schedule="random", on_s=2.0, off_s=3.0),
+        dict(CPU_HALF, core=0, schedule="random", on_s=3.0, off_s=2.0),
+        dict(CPU_FULL, core=1, schedule="periodic", on_s=3.0, off_s=3.0)]),
 }
 
 # A tenant: works while "on", sleeps while "off", for ever (killed by the recorder).
 TENANT = r"""
-import random, sys, time
-kind, duty, mb, schedule, on_s, off_s, seed = sys.argv[1:8]
+import os, random, sys, time
+kind, duty, mb, schedule, on_s, off_s, seed, core = sys.argv[1:9]
+if int(core) >= 0:
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[int(core)]})
 duty, mb, on_s, off_s = float(duty), int(mb), float(on_s), float(off_s)
 rng = random.Random(int(seed))
 if kind == "mem":
@@ -97,7 +114,8 @@ while True:
 def start_tenants(tenants) -> list:
     return [subprocess.Popen([sys.executable, "-c", TENANT, t["kind"], str(t.get("duty", 1.0)),
                               str(t.get("mb", 0)), t["schedule"], str(t["on_s"]),
-                              str(t["off_s"]), str(seed)], stdin=subprocess.DEVNULL)
+                              str(t["off_s"]), str(seed), str(t.get("core", -1))],
+                             stdin=subprocess.DEVNULL)
             for seed, t in enumerate(tenants)]
 
 
@@ -121,7 +139,10 @@ def record(name: str, spec: dict, out_dir: str, keep: str) -> dict:
               "--sync", spec["sync"], "--metrics", metrics, "--progress", "0"]
     if spec.get("predictor"):
         launch += ["--predictor", spec["predictor"]]
-    launch += ["--", sys.executable, os.path.join(ROOT, "examples", "train_gluon.py"),
+    launch += ["--", sys.executable]
+    if spec.get("pin"):
+        launch += [os.path.join(ROOT, "benchmarks", "_pin.py"), sys.executable]
+    launch += [os.path.join(ROOT, "examples", "train_gluon.py"),
                "--model", spec["model"], "--data", "synthetic", "--batch-size",
                str(spec["batch"]), "--iterations", str(spec["iterations"]),
                "--epochs", "1000", "--log-interval", "0"]

@@ -12,6 +12,7 @@ from typing import List, Optional
 import click
 
 from mxlbbsp import __version__, modes
+from mxlbbsp import signals as _signals
 from mxlbbsp.modes.r2sp import TUNINGS as R2SP_TUNINGS
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
@@ -109,9 +110,9 @@ def cli(verbose):
                    "the equal split tried again every 24 iterations; else linear.")
 @click.option("--exog", default="auto", show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
-                   "(others_cpu,run_delay,cpu_pressure), all, none, or a comma-separated list "
-                   "of cpu_percent, mem_percent, others_cpu, ctx_invol, run_delay, "
-                   "cpu_pressure, steal, runq (see mxlbbsp/signals.py).")
+                   f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "
+                   f"of {', '.join(_signals.COLUMNS)} (the *_tail ones: over the last quarter "
+                   "of the compute phase; see mxlbbsp/signals.py).")
 @click.option("--threshold", type=float, default=0.03, show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")

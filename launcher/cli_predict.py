@@ -40,7 +40,9 @@ TRACE_HELP = """Turn a metrics log (mxlbbsp launch --metrics) into a trace CSV.
 \b
 Writes iteration,rank,speed,cpu_percent,mem_percent and the contention
 signals the workers reported (others_cpu, ctx_invol, run_delay,
-cpu_pressure, steal, runq), one row per worker per iteration, leaving out
+cpu_pressure, steal, runq, and others_cpu_tail, run_delay_tail,
+cpu_pressure_tail over the last quarter of the compute phase), one row
+per worker per iteration, leaving out
 the first --skip iterations (iteration 0 builds graphs: its speed predicts
 nothing). A missing CPU or memory reading
 becomes an empty value.

@@ -7,7 +7,7 @@ worker -> coordinator
     hello   {rank, token, pid, host, global_batch_size, dataset_size, max_batch_size}
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
              next_global_batch[, others_cpu, ctx_invol, run_delay, cpu_pressure, steal,
-             runq]}                   sent when iteration t's gradients are ready; the
+             runq, others_cpu_tail, run_delay_tail, cpu_pressure_tail]}                   sent when iteration t's gradients are ready; the
                                       optional contention signals: mxlbbsp.signals
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
     bye     {iteration}               the worker's training ended after ``iteration`` (its

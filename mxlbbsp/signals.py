@@ -31,6 +31,14 @@ column             meaning (over the window)
                    /proc/stat, which counts this worker's running thread too)
 =================  ==========================================================================
 
+The tail: ``others_cpu_tail``, ``run_delay_tail`` and ``cpu_pressure_tail`` are the same three
+over the window's last ``TAIL`` share only (a background thread takes a snapshot when that
+share begins, timed by the previous window's length; where the window ended before it, the
+tail is the whole window). They are the freshest look at the other tenants before the next
+iteration: a tenant that starts or stops during an iteration moves a whole-window reading
+only by the share of the window it was there for, and the tail by nearly all of it, so the
+tail says what the next iteration will meet (benchmarks/results/predictors.md).
+
 Any signal the platform lacks is NaN, never an error (no /proc: everything but ``ctx_invol``).
 Reading one window costs a few small /proc reads, twice per iteration
 (``python benchmarks/signals_cost.py``; results in benchmarks/results/signals_cost.md).
@@ -41,11 +49,16 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from typing import Dict, List, Optional
 
+#: the signals over the window's last TAIL share (see the module docstring)
+TAIL_NAMES = ("others_cpu_tail", "run_delay_tail", "cpu_pressure_tail")
 #: the signal columns, in the order they travel and are recorded
-NAMES = ("others_cpu", "ctx_invol", "run_delay", "cpu_pressure", "steal", "runq")
+NAMES = ("others_cpu", "ctx_invol", "run_delay", "cpu_pressure", "steal", "runq") + TAIL_NAMES
+#: the tail: this share of a window, at its end
+TAIL = 0.25
 #: refresh the list of child processes every this many windows
 CHILDREN_EVERY = 256
 _NAN = float("nan")
@@ -115,19 +128,51 @@ def _threads(tids=None):
 
 
 class Signals:
-    """Reads the contention signals of this process's host over windows (not thread-safe)."""
+    """Reads the contention signals of this process's host over windows. ``begin`` and
+    ``read`` are called from one thread; with ``tail`` a daemon thread of this object takes
+    the tail's snapshot (``sample``: tests call it themselves with ``tail=False``)."""
 
-    def __init__(self):
+    def __init__(self, tail: bool = True):
         self._cpus = os.cpu_count() or 1
         self._snapshots = 0
         self._children: List = []
         self._tids: Optional[List[str]] = None
         self._start: Optional[dict] = None
+        self._lock = threading.Condition()   # guards the snapshots and the fields below
+        self._mid: Optional[dict] = None     # the tail's snapshot of the current window
+        self._due: Optional[float] = None    # when the sampler takes it (monotonic)
+        self._length: Optional[float] = None  # the last window's length
+        #: the last read's tail in seconds (0: its window ended before the tail began)
+        self.tail_s = 0.0
         try:
             import psutil
             self._proc = psutil.Process()
         except Exception:  # noqa: BLE001 - psutil missing or broken: those columns are NaN
             self._proc = None
+        if tail:
+            threading.Thread(target=self._sampler, name="mxlbbsp-signals",
+                             daemon=True).start()
+
+    def _sampler(self) -> None:
+        """Take the tail's snapshot when it is due, for ever (a daemon thread)."""
+        with self._lock:
+            while True:
+                due = self._due
+                if due is None:
+                    self._lock.wait()
+                    continue
+                delay = due - time.monotonic()
+                if delay > 0:
+                    self._lock.wait(delay)          # begin/read may move or cancel it
+                    continue
+                self._due = None
+                self._mid = self._snapshot()
+
+    def sample(self) -> None:
+        """Take the tail's snapshot of the current window now."""
+        with self._lock:
+            self._due = None
+            self._mid = self._snapshot()
 
     def _own_cpu(self) -> float:
         """CPU seconds of this process (all threads) and its live children."""
@@ -174,32 +219,58 @@ class Signals:
 
     def begin(self) -> None:
         """Start a window (e.g. at the start of the compute phase)."""
-        self._start = self._snapshot()
+        with self._lock:
+            self._start = self._snapshot()
+            self._arm()
+
+    def _arm(self) -> None:
+        """Schedule the tail's snapshot of the window that starts now (lock held)."""
+        self._mid = None
+        self._due = None if self._length is None else \
+            self._start["wall"] + (1.0 - TAIL) * self._length
+        self._lock.notify()
 
     def read(self) -> Dict[str, float]:
         """The signals over the window since :meth:`begin` (or the previous read), and start
         the next window. The first read without a begin gives NaN everywhere."""
-        end = self._snapshot()
-        start, self._start = self._start, end
+        with self._lock:
+            end = self._snapshot()
+            start, mid, self._start = self._start, self._mid, end
+            if start is not None:
+                self._length = end["wall"] - start["wall"]
+            self._arm()
         if start is None:
             return {name: _NAN for name in NAMES}
-        wall = end["wall"] - start["wall"]
-        total = end["total"] - start["total"]
         out = dict.fromkeys(NAMES, _NAN)
+        self._over(start, end, out, "")
+        self.tail_s = 0.0
+        if mid is not None and start["wall"] < mid["wall"] < end["wall"]:
+            self.tail_s = end["wall"] - mid["wall"]
+            self._over(mid, end, out, "_tail")
+        else:                                   # the window ended before its tail began
+            for name in TAIL_NAMES:
+                out[name] = out[name[:-5]]
+        total = end["total"] - start["total"]
         out["runq"] = end["running"]
-        if wall > 0:
-            others = (end["busy"] - start["busy"]) - (end["own"] - start["own"])
-            # /proc/stat ticks are 10 ms: short windows are coarse; never below 0
-            out["others_cpu"] = 100.0 * others / (wall * self._cpus)
-            if out["others_cpu"] < 0:           # NaN stays NaN
-                out["others_cpu"] = 0.0
-            out["ctx_invol"] = (end["ctx"] - start["ctx"]) / wall
-            out["run_delay"] = (end["delay"] - start["delay"]) / wall
-            out["cpu_pressure"] = (end["psi"] - start["psi"]) / wall
         if total > 0:
             out["steal"] = 100.0 * (end["steal"] - start["steal"]) / total
         return {k: (v if isinstance(v, float) and math.isfinite(v) else _NAN)
                 for k, v in out.items()}
+
+    def _over(self, start: dict, end: dict, out: dict, suffix: str) -> None:
+        """others_cpu, run_delay, cpu_pressure (+ suffix) and ctx_invol (no suffix only)
+        between two snapshots, into ``out``."""
+        wall = end["wall"] - start["wall"]
+        if not wall > 0:
+            return
+        others = (end["busy"] - start["busy"]) - (end["own"] - start["own"])
+        # /proc/stat ticks are 10 ms: short windows are coarse; never below 0
+        cpu = 100.0 * others / (wall * self._cpus)
+        out["others_cpu" + suffix] = 0.0 if cpu < 0 else cpu    # NaN stays NaN
+        out["run_delay" + suffix] = (end["delay"] - start["delay"]) / wall
+        out["cpu_pressure" + suffix] = (end["psi"] - start["psi"]) / wall
+        if not suffix:
+            out["ctx_invol"] = (end["ctx"] - start["ctx"]) / wall
 
 
 #: every exogenous column a worker reports: psutil's host load, then the signals above

@@ -2,6 +2,7 @@
 live readings on this machine, and how they travel (report, metrics, trace, --exog)."""
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ class FakeHost:
         monkeypatch.setattr(signals, "_pressure", lambda: self.psi)
         monkeypatch.setattr(signals, "_threads", lambda tids=None: self.delay)
         monkeypatch.setattr(signals.os, "cpu_count", lambda: cpus)
-        s = signals.Signals()
+        s = signals.Signals(tail=False)     # the test takes the tail's snapshot (sample)
         monkeypatch.setattr(s, "_own_cpu", lambda: self.own)
         monkeypatch.setattr(s, "_ctx", lambda: self.ctx)
         self.signals = s
@@ -62,6 +63,54 @@ def test_signals_over_a_window(monkeypatch):
     h.wall += 1.0
     h.own += 5.0
     assert s.read()["others_cpu"] == 0.0
+
+
+def test_the_tail_is_the_windows_last_part(monkeypatch):
+    h = FakeHost(monkeypatch)
+    s = h.signals
+    s.begin()
+    # 0.6 s without contention, then a tenant arrives for the last 0.2 s
+    h.wall += 0.6
+    h.busy += 0.6
+    h.total += 1.2
+    h.own += 0.6
+    s.sample()
+    h.wall += 0.2
+    h.busy += 0.4
+    h.total += 0.4
+    h.own += 0.2
+    h.psi += 0.2
+    h.delay += 0.1
+    out = s.read()
+    assert s.tail_s == pytest.approx(0.2)
+    assert out["others_cpu"] == pytest.approx(100 * 0.2 / (0.8 * 2))
+    assert out["others_cpu_tail"] == pytest.approx(100 * 0.2 / (0.2 * 2))   # 50 %
+    assert out["cpu_pressure"] == pytest.approx(0.25)
+    assert out["cpu_pressure_tail"] == pytest.approx(1.0)
+    assert out["run_delay_tail"] == pytest.approx(0.5)
+    # no snapshot in the next window (it ended before its tail was due): the whole window
+    s.begin()
+    h.wall += 0.5
+    h.busy += 0.5
+    h.own += 0.25
+    h.psi += 0.1
+    out = s.read()
+    assert s.tail_s == 0
+    for name in signals.TAIL_NAMES:
+        assert out[name] == pytest.approx(out[name[:-len("_tail")]])
+    assert out["cpu_pressure_tail"] == pytest.approx(0.2)
+
+
+def test_the_sampler_thread_takes_the_tail_at_the_end_of_a_window():
+    s = signals.Signals()
+    for _ in range(2):               # the first window gives the length the tail is timed by
+        s.begin()
+        time.sleep(0.4)
+        out = s.read()
+    assert 0 < s.tail_s < 0.4        # due 0.1 s before the end (signals.TAIL of 0.4 s)
+    for name in signals.TAIL_NAMES:
+        assert math.isfinite(out[name]) or not math.isfinite(out[name[:-len("_tail")]])
+    assert out["run_delay_tail"] >= 0 and 0 <= out["others_cpu_tail"] <= 100
 
 
 def test_missing_pressure_file_is_nan_not_an_error(monkeypatch):
