@@ -174,6 +174,43 @@ def best_baseline(result) -> float:
     return min(result[b]["mape"] for b in BASELINES)
 
 
+def _knn(train_x, train_y, test_x, k=10) -> np.ndarray:
+    """Median of the k nearest training targets (features scaled by the training sd)."""
+    sd = train_x.std(axis=0) + 1e-12
+    d = (((test_x[:, None, :] - train_x[None, :, :]) / sd) ** 2).sum(axis=2)
+    return np.median(train_y[np.argsort(d, axis=1)[:, :k]], axis=1)
+
+
+def hindsight(trace) -> dict:
+    """What the recorded signals could tell at most, roughly: the next log speed from the
+    last log speed and a set of signal columns by k-nearest neighbours, each half of a
+    rank's series predicted from the other half (so the future is used: a generous ceiling,
+    not an online predictor); the best of the sets (chosen on the same data: more generous
+    still). Returns its MAPE %, its ratio to the best baseline, and the columns."""
+    cols = list(trace.exog_columns)
+    sets = [[]] + [[c] for c in cols]
+    for group in (list(_signals.DEFAULT), list(_signals.TAIL_NAMES),
+                  ["cpu_pressure"] + list(_signals.TAIL_NAMES)):
+        if all(c in cols for c in group):
+            sets.append(group)
+    best = None
+    for chosen in sets:
+        errs = []
+        for series in trace.ranks.values():
+            x = np.column_stack([np.log(series.speed[:-1])] + [
+                np.nan_to_num(series.exog[:-1, cols.index(c)]) for c in chosen])
+            y = np.log(series.speed[1:])
+            half = len(y) // 2
+            fit = np.empty(len(y))
+            for a, b in ((slice(0, half), slice(half, None)), (slice(half, None), slice(0, half))):
+                fit[b] = _knn(x[a], y[a], x[b])
+            errs.append(np.abs(np.exp(fit - y) - 1))
+        mape = 100 * float(np.mean(np.concatenate(errs)))
+        if best is None or mape < best["mape"]:
+            best = {"mape": mape, "columns": chosen}
+    return best
+
+
 def accuracy(traces) -> dict:
     """Recorded traces: every predictor with the default inputs, NARX with others too."""
     out = {}
@@ -187,7 +224,8 @@ def accuracy(traces) -> dict:
         if tail:
             res["narx (tail)"] = _trace.evaluate(_trace.select(trace, tail), ["narx"])["narx"]
         res["narx (none)"] = _trace.evaluate(_trace.select(trace, []), ["narx"])["narx"]
-        out[name] = {"exog": list(auto.exog_columns), "result": res}
+        out[name] = {"exog": list(auto.exog_columns), "result": res,
+                     "hindsight": hindsight(trace)}
     return out
 
 
@@ -320,13 +358,27 @@ def markdown(doc) -> str:
                      + " |")
     lines += ["", "NARX fallbacks (non-finite or absurd forecasts) over the recorded traces: "
               f"{sum(e['result']['narx']['fallbacks'] for e in doc['accuracy'].values())}.", ""]
+    if all("hindsight" in e for e in doc["accuracy"].values()):
+        lines += ["What the signals could tell at most, roughly (`hindsight`): the next speed "
+                  "from the last speed and a set of signal columns by 10 nearest neighbours, "
+                  "each half of a rank's series predicted from the other half, the best set "
+                  "chosen on the same data. It uses the future, so it is a generous ceiling "
+                  "for an online predictor, not one.", "",
+                  "| trace | NARX / best | hindsight / best | hindsight MAPE % | its columns "
+                  "(besides the last speed) |", "|---|---|---|---|---|"]
+        for tname, entry in doc["accuracy"].items():
+            res, h = entry["result"], entry["hindsight"]
+            b = best_baseline(res)
+            lines.append(f"| {tname} | {res['narx']['mape'] / b:.2f} | {h['mape'] / b:.2f} | "
+                         f"{h['mape']:.2f} | {', '.join(h['columns']) or '(none)'} |")
+        lines.append("")
     if doc["cost"]:
         lines += ["## Cost per call", "",
                   "One `observe()` + `predict()` + `learn()` for n workers at once (what the "
                   "coordinator does each iteration; 3 exogenous columns), one BLAS thread; "
                   "median and p99 over 300 calls (200 at n = 1024). Load average during the "
                   f"run: {doc['loadavg_before']} (before), {doc['loadavg_after']} (after) on "
-                  f"{os.cpu_count()} cores, shared with other jobs.", "",
+                  f"{os.cpu_count()} cores.", "",
                   "| predictor | n | CPU ms median | CPU ms p99 | wall ms median | wall ms p99 | "
                   "CPU us / worker |", "|---|---|---|---|---|---|---|"]
         for name, per_n in doc["cost"].items():

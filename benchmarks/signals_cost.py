@@ -85,7 +85,7 @@ def main() -> int:
              "`begin()` + `sample()` + `read()` per iteration (`sample()` off the critical "
              "path, in a thread, while the compute phase runs). Load average "
              f"{doc['loadavg_before']} before, {doc['loadavg_after']} after, on "
-             f"{os.cpu_count()} cores shared with other jobs.", "",
+             f"{os.cpu_count()} cores.", "",
              "| source | 1 thread: wall us | CPU us | 13 threads: wall us | CPU us |",
              "|---|---|---|---|---|"]
     for name in doc["single"]:

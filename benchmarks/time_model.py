@@ -10,7 +10,11 @@ and, in 5 % of iterations (2 % with ``--noise`` <= 0.1), an iteration stretched 
 another tenant. The figure is the makespan of the chosen split over the best possible one,
 averaged over iterations 30-119 and over ``--seeds`` seeds; ``runs > 1.5:1``: equal workers
 whose split was beyond 1.5:1 for most of iterations 60-119. A second scenario: a tenant
-slows worker 0 2x for iterations 35-54 and leaves; does the split come back to equal?
+slows worker 0 2x for iterations 35-54 and leaves; does the split come back to equal? A
+third: tenants alternate between the workers, 2x on worker 0 for 35 iterations, then on
+worker 1, and so on for 300 iterations (benchmarks/contention.py's "alternating" schedule);
+makespan over the best split of the moment over iterations 30-299, and the share of those
+iterations at the equal split.
 
 ``--baseline REV`` runs the same simulation on the code of another commit (a temporary git
 worktree), side by side in the same table.
@@ -34,7 +38,14 @@ CASES = [(0.004, 0.00003, slow) for slow in (1.0, 1.5, 3.0)] + \
 B = 64
 
 
-def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False):
+def factors(t, slow, tenant=False, period=0):
+    """The workers' slowdowns at iteration t."""
+    if period:                                  # tenants alternating between the workers
+        return np.array([2.0, 1.0]) if (t // period) % 2 == 0 else np.array([1.0, 2.0])
+    return np.array([2.0 if tenant and 35 <= t < 55 else 1.0, slow])
+
+
+def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, period=0):
     """Worker 0's batch size per iteration."""
     from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
     rng = np.random.default_rng(seed)
@@ -45,7 +56,7 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False):
     c._sizes = sizes.copy()
     out = []
     for t in range(iterations):
-        factor = np.array([2.0 if tenant and 35 <= t < 55 else 1.0, slow])
+        factor = factors(t, slow, tenant, period)
         stretch = rng.lognormal(0, noise, 2) * np.where(rng.random(2) < spike, 3, 1)
         compute = (fixed_s + per_sample_s * sizes) * factor * stretch
         c._on_iteration(t, {r: {"batch_size": int(sizes[r]), "compute_s": float(compute[r]),
@@ -81,7 +92,22 @@ def simulate(seeds, noise):
                 for seed in range(seeds)]
         tenant.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2),
                        "runs_held": sum(r > 1.5 for r in late)})
-    return {"cases": rows, "tenant": tenant}
+    alternating = []
+    for fixed_s, per_sample_s, _ in CASES[::3]:
+        ratio, equal = [], []
+        for seed in range(seeds):
+            b0 = run(seed, fixed_s, per_sample_s, 1.0, noise, 300, period=35)
+            for t in range(30, 300):
+                f = factors(t + 1, 1.0, period=35)   # b0[t] is the split of iteration t + 1
+
+                def makespan(b):
+                    return max(f[0] * (fixed_s + per_sample_s * b),
+                               f[1] * (fixed_s + per_sample_s * (B - b)))
+                ratio.append(makespan(b0[t]) / min(makespan(b) for b in range(1, B)))
+                equal.append(b0[t] == B // 2)
+        alternating.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2),
+                            "mean": float(np.mean(ratio)), "equal": float(np.mean(equal))})
+    return {"cases": rows, "tenant": tenant, "alternating": alternating}
 
 
 def baseline(rev, seeds, noise):
@@ -118,6 +144,14 @@ def table(results, names, noise, seeds):
     for i, row in enumerate(results[0]["tenant"]):
         lines.append(f"| {row['fixed_share']:.0%} | " + " | ".join(
             f"{r['tenant'][i]['runs_held']}/{seeds}" for r in results) + " |")
+    lines += ["", "Tenants alternating between the workers every 35 iterations (2x): makespan / "
+              "best over iterations 30-299 and seeds; share of those iterations at the equal "
+              "split", "",
+              "| fixed cost | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, row in enumerate(results[0]["alternating"]):
+        lines.append(f"| {row['fixed_share']:.0%} | " + " | ".join(
+            f"{r['alternating'][i]['mean']:.3f} ({r['alternating'][i]['equal']:.0%} at the "
+            f"equal split)" for r in results) + " |")
     return "\n".join(lines)
 
 

@@ -107,7 +107,8 @@ def cli(verbose):
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
                    "cost is half the time or more (tiny models), keep the split equal unless "
                    "a worker is clearly (1.5x) slower at the equal batch, then linear, with "
-                   "the equal split tried again every 24 iterations; else linear.")
+                   "the equal split tried again every 24 iterations, and linear for good "
+                   "once balancing shows the time growing with the batch; else linear.")
 @click.option("--exog", default="auto", show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "

@@ -36,11 +36,13 @@ over the window's last ``TAIL`` share only (a background thread takes a snapshot
 share begins, timed by the previous window's length; where the window ended before it, the
 tail is the whole window). They are the freshest look at the other tenants before the next
 iteration: a tenant that starts or stops during an iteration moves a whole-window reading
-only by the share of the window it was there for, and the tail by nearly all of it, so the
-tail says what the next iteration will meet (benchmarks/results/predictors.md).
+only by the share of the window it was there for, and the tail by nearly all of it. (On the
+recorded traces they help NARX only where each worker has its own core:
+benchmarks/results/predictors.md.)
 
 Any signal the platform lacks is NaN, never an error (no /proc: everything but ``ctx_invol``).
-Reading one window costs a few small /proc reads, twice per iteration
+Reading one window costs a few small /proc reads, three times per iteration (one of them in
+the sampler thread)
 (``python benchmarks/signals_cost.py``; results in benchmarks/results/signals_cost.md).
 
 No MXNet import.

@@ -293,3 +293,18 @@ def test_narx_state_dict_round_trip_continues_the_same_forecasts():
         np.testing.assert_allclose(b.predict(), a.predict(), rtol=1e-12)
         a.learn()
         b.learn()
+
+
+def test_family_marks_the_first_step_at_each_new_load_level():
+    """benchmarks/predictors.py's "levels seen before" column leaves out the steps whose load
+    level the trace had not shown yet: with 3 levels there are at most 2 per rank, and at
+    each the reading is far from every earlier one (levels 35 apart, reading noise sd 3)."""
+    first = []
+    rows, oracle = bench.family(seed=3, T=200, ranks=1, first=first)
+    errs, new = first[0]
+    assert len(errs) == len(new) == 199
+    assert 100 * errs.mean() == pytest.approx(oracle)
+    assert 1 <= new.sum() <= 2
+    cpu = np.array([r[3] for r in rows])
+    for t in np.flatnonzero(new):
+        assert t == 0 or np.min(np.abs(cpu[t] - cpu[:t])) > 20
