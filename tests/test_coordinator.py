@@ -320,3 +320,23 @@ def test_waiting_names_the_missing_reports_then_the_missing_dones(coordinator):
     ss[1].step_done()                                # only worker 1's push/pull finished
     assert _wait(lambda: c.waiting().ranks == [0, 2])
     assert c.waiting().what == "done"
+
+
+def test_a_checkpoint_state_of_another_build_is_learnt_afresh_not_a_crash(caplog):
+    """A coordinator's checkpoint state whose arrays have other shapes (another build of the
+    time model) must not stop a resume: balancing learns afresh, with a warning."""
+    import json
+    a = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
+    state = json.loads(json.dumps(a.state_dict()))
+    state["regime"]["times"] = {"array": [[1.0, 2.0, 3.0]], "dtype": "<f8"}   # 3, not 10
+    state["fit"]["intercept"] = {"array": [0.5, 0.5, 0.5], "dtype": "<f8"}
+    b = Coordinator(CoordinatorConfig(num_workers=2, token="t", resume_state=state,
+                                      resume_manifest={"iteration": 19}))
+    assert "learns afresh" in caplog.text
+    assert b._regime.times.shape == a._regime.times.shape
+    assert b._fit.intercept.shape == (2,)
+    # the same state, unchanged, loads
+    c = Coordinator(CoordinatorConfig(num_workers=2, token="t",
+                                      resume_state=json.loads(json.dumps(a.state_dict())),
+                                      resume_manifest={"iteration": 19}))
+    assert c._regime.times.shape == a._regime.times.shape
