@@ -86,6 +86,8 @@ HELD_UNEVEN = 4.0
 #: time is the measurement: with 81 % fixed cost, a batch 1.3x larger takes 1.06x the time;
 #: compute-bound, 1.3x. (The gap between the two closing is not: a transient slowdown that
 #: passes closes it on a fixed cost too.)
+#: The mark is dropped when the mean batch per worker falls below half the one it was set at
+#: (Courier may shrink the global batch a lot, and a smaller batch has a larger fixed share).
 PROBE = 5
 ELASTIC = 0.7
 MIN_GROWTH = 1.2
@@ -104,6 +106,7 @@ class AutoRegime:
         self.held_for = 0                # linear regime: iterations the split stayed uneven
         self.compute_bound = False       # the fixed cost does not dominate, for good
         self.compute_votes = 0           # probes that found the time growing with the batch
+        self.bound_at = 0.0              # the mean batch per worker when it was marked
         self.probe = np.full(3, np.nan)  # [fast worker, its batch, its median time] at the
         #                                  equal split; the last PROBE iterations' times and
         #                                  batch sizes (NaN: not yet)
@@ -118,6 +121,8 @@ class AutoRegime:
         if compute is not None:
             self.times = self._keep(self.times, compute)
             self.batches = self._keep(self.batches, batch)
+        if self.compute_bound and batch.mean() < 0.5 * self.bound_at:
+            self.compute_bound, self.compute_votes = False, 0     # a much smaller batch
         if self.compute_bound:
             self.fixed_dominates = self.uneven = False
             return False
@@ -159,6 +164,7 @@ class AutoRegime:
                         self.compute_votes += 1
                         if self.compute_votes >= COMPUTE_VOTES:
                             self.compute_bound = True
+                            self.bound_at = float(batch.mean())
                             self.fixed_dominates = self.uneven = False
                             return False
                 self.uneven = not (hi.max() <= SAME_SPEED * lo.min()

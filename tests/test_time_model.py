@@ -122,3 +122,17 @@ def uneven_runs(ratios, limit, first):
                 runs.append((start, t - start))
             start = None
     return runs
+
+
+def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
+    """A job marked compute-bound by the probe (coordinator.AutoRegime) at 32 samples per
+    worker is checked again once Courier shrinks its batch below half: a smaller batch has a
+    larger fixed share."""
+    from mxlbbsp.balancer import AffineFit
+    from mxlbbsp.coordinator import AutoRegime
+    regime, fit = AutoRegime(2), AffineFit(2)
+    regime.compute_bound, regime.compute_votes, regime.bound_at = True, 2, 32.0
+    assert not regime.equal_split(fit, np.array([20.0, 20.0]))
+    assert regime.compute_bound                      # 20 of 32: still marked
+    regime.equal_split(fit, np.array([10.0, 12.0]))
+    assert not regime.compute_bound and regime.compute_votes == 0
