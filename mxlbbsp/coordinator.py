@@ -154,19 +154,13 @@ class AutoRegime:
         if np.isfinite(lo).all():               # else too few observations: as before
             if self.uneven:
                 self.uneven_for += 1
-                if self.uneven_for == PROBE and np.isfinite(self.probe).all() \
-                        and np.isfinite(self.times).all():
-                    fast, b0, t0 = int(self.probe[0]), self.probe[1], self.probe[2]
-                    b1 = float(np.median(self.batches[:, fast]))
-                    t1 = float(np.median(self.times[:, fast]))
-                    if b1 >= MIN_GROWTH * b0 and t0 > 0 and \
-                            np.log(t1 / t0) >= ELASTIC * np.log(b1 / b0):
-                        self.compute_votes += 1
-                        if self.compute_votes >= COMPUTE_VOTES:
-                            self.compute_bound = True
-                            self.bound_at = float(batch.mean())
-                            self.fixed_dominates = self.uneven = False
-                            return False
+                if self.uneven_for == PROBE and self._probe_grew():
+                    self.compute_votes += 1
+                    if self.compute_votes >= COMPUTE_VOTES:
+                        self.compute_bound = True
+                        self.bound_at = float(batch.mean())
+                        self.fixed_dominates = self.uneven = False
+                        return False
                 self.uneven = not (hi.max() <= SAME_SPEED * lo.min()
                                    or self.uneven_for >= RETRY_EQUAL)
                 if not self.uneven and fit.job_share < COMPUTE_BOUND:
@@ -176,12 +170,26 @@ class AutoRegime:
             else:
                 self.uneven = bool(lo.max() > CLEARLY_SLOWER * hi.min())
                 self.uneven_for = 0
-                self.probe = np.full(3, np.nan)
-                if self.uneven and np.isfinite(self.times).all():
-                    fast = int(np.argmin(hi))
-                    self.probe = np.array([fast, float(np.median(self.batches[:, fast])),
-                                           float(np.median(self.times[:, fast]))])
+                self.probe = self._probe_of(int(np.argmin(hi))) if self.uneven \
+                    else np.full(3, np.nan)
         return self.fixed_dominates and not self.uneven
+
+    def _probe_of(self, worker: int) -> np.ndarray:
+        """[worker, its median batch, its median time] over the last PROBE iterations (NaN
+        while fewer have been seen)."""
+        return np.array([worker, np.median(self.batches[:, worker]),
+                         np.median(self.times[:, worker])])
+
+    def _probe_grew(self) -> bool:
+        """Whether the probed worker's time grew with its batch since the probe began, as a
+        compute-bound worker's does (ELASTIC, MIN_GROWTH)."""
+        if not np.isfinite(self.probe).all():
+            return False
+        fast, b0, t0 = int(self.probe[0]), self.probe[1], self.probe[2]
+        now = self._probe_of(fast)
+        b1, t1 = now[1], now[2]
+        return bool(np.isfinite(now).all() and t0 > 0 and b1 >= MIN_GROWTH * b0
+                    and np.log(t1 / t0) >= ELASTIC * np.log(b1 / b0))
 
     @staticmethod
     def _keep(rows: np.ndarray, values) -> np.ndarray:
