@@ -248,12 +248,13 @@ def families(seeds, names=("narx", "narx-adam"), options=None, quiet=False) -> d
             orc.append(oracle)
             new = np.concatenate([f for _, f in first])
             orc_seen.append(100 * np.mean(np.concatenate([e for e, _ in first])[~new]))
-            for n in names:                  # every step has a forecast (T >> warm-up)
-                err = np.concatenate([
-                    np.abs(_trace.forecasts(n, series, **(options or {}).get(n, {}))[0][1:]
-                           / series.speed[1:] - 1) for series in trace.ranks.values()])
-                per[n].append(100 * np.mean(err))
-                seen[n].append(100 * np.mean(err[~new]))
+            y = np.concatenate([series.speed[1:] for series in trace.ranks.values()])
+            for n in names:
+                opts = (options or {}).get(n, {})
+                f = np.concatenate([_trace.forecasts(n, series, **opts)[0][1:]
+                                    for series in trace.ranks.values()])
+                per[n].append(_trace._score(y, f)["mape"])
+                seen[n].append(_trace._score(y[~new], f[~new])["mape"])
         entry = {"lead": kw["lead"], "best_mape": float(np.mean(best)),
                  "oracle_mape": float(np.mean(orc)),
                  "oracle_ratio": float(np.mean(np.array(orc) / best))}
