@@ -35,6 +35,11 @@ class FakeHost:
         monkeypatch.setattr(s, "_ctx", lambda: self.ctx)
         self.signals = s
 
+    def advance(self, **deltas):
+        """Move the clocks and counters on: wall=0.5, busy=0.8, ... (seconds, counts)."""
+        for name, delta in deltas.items():
+            setattr(self, name, getattr(self, name) + delta)
+
 
 def test_signals_over_a_window(monkeypatch):
     h = FakeHost(monkeypatch)
@@ -42,14 +47,7 @@ def test_signals_over_a_window(monkeypatch):
     assert all(math.isnan(v) for v in s.read().values())       # no window begun
     s.begin()
     # 0.5 s: the host was busy 0.8 CPU-s, 0.3 of them ours; 0.2 s of pressure stall
-    h.wall += 0.5
-    h.busy += 0.8
-    h.total += 1.0
-    h.steal += 0.1
-    h.own += 0.3
-    h.psi += 0.2
-    h.delay += 0.1
-    h.ctx += 50
+    h.advance(wall=0.5, busy=0.8, total=1.0, steal=0.1, own=0.3, psi=0.2, delay=0.1, ctx=50)
     h.running = 4.0
     out = s.read()
     assert list(out) == list(signals.NAMES)
@@ -60,8 +58,7 @@ def test_signals_over_a_window(monkeypatch):
     assert out["steal"] == pytest.approx(10.0)
     assert out["runq"] == 4.0
     # the next window starts where this one ended; own time above the host's is clamped
-    h.wall += 1.0
-    h.own += 5.0
+    h.advance(wall=1.0, own=5.0)
     assert s.read()["others_cpu"] == 0.0
 
 
@@ -70,17 +67,9 @@ def test_the_tail_is_the_windows_last_part(monkeypatch):
     s = h.signals
     s.begin()
     # 0.6 s without contention, then a tenant arrives for the last 0.2 s
-    h.wall += 0.6
-    h.busy += 0.6
-    h.total += 1.2
-    h.own += 0.6
+    h.advance(wall=0.6, busy=0.6, total=1.2, own=0.6)
     s.sample()
-    h.wall += 0.2
-    h.busy += 0.4
-    h.total += 0.4
-    h.own += 0.2
-    h.psi += 0.2
-    h.delay += 0.1
+    h.advance(wall=0.2, busy=0.4, total=0.4, own=0.2, psi=0.2, delay=0.1)
     out = s.read()
     assert s.tail_s == pytest.approx(0.2)
     assert out["others_cpu"] == pytest.approx(100 * 0.2 / (0.8 * 2))
@@ -90,10 +79,7 @@ def test_the_tail_is_the_windows_last_part(monkeypatch):
     assert out["run_delay_tail"] == pytest.approx(0.5)
     # no snapshot in the next window (it ended before its tail was due): the whole window
     s.begin()
-    h.wall += 0.5
-    h.busy += 0.5
-    h.own += 0.25
-    h.psi += 0.1
+    h.advance(wall=0.5, busy=0.5, own=0.25, psi=0.1)
     out = s.read()
     assert s.tail_s == 0
     for name in signals.TAIL_NAMES:
