@@ -103,7 +103,6 @@ WARMUP = 3       # observations before the network is used
 GATE_WINDOW = 60  # horizon of the running errors that weigh the forecasts
 HANDICAP = 0.03  # the learnt candidates' running errors count this much more (Occam)
 GATE_POWER = 16.0 # weight ~ (error / smallest error)^-GATE_POWER
-GATE_SQUARED = False  # the gate's errors: absolute relative errors (else squared: RMS)
 GATE_REGRET = True   # the gate scores each candidate's error beyond the best one's
 NORM_WINDOW = 500  # horizon of the running statistics of the exogenous inputs
 CLIP = 4.0       # a reading enters clipped to its running mean +- CLIP deviations
@@ -133,7 +132,7 @@ class NARX(Predictor):
                  memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,
                  clip_err: float = CLIP_ERR, warmup: int = WARMUP,
                  gate_window: int = GATE_WINDOW, gate_power: float = GATE_POWER,
-                 gate_squared: bool = GATE_SQUARED, diff_window: int = DIFF_WINDOW,
+                 diff_window: int = DIFF_WINDOW,
                  gate_regret: bool = GATE_REGRET, prior: float = PRIOR,
                  kernel: str = KERNEL,
                  handicap: float = HANDICAP,
@@ -150,7 +149,7 @@ class NARX(Predictor):
         self.clip_err, self.warmup = float(clip_err), int(warmup)
         self.gate_window, self.gate_power = int(gate_window), float(gate_power)
         self.handicap = float(handicap)
-        self.gate_squared, self.diff_window = bool(gate_squared), max(int(diff_window), 1)
+        self.diff_window = max(int(diff_window), 1)
         self.gate_regret = bool(gate_regret)
         self.prior = float(prior)
         if kernel not in ("gauss", "biweight"):
@@ -424,8 +423,6 @@ class NARX(Predictor):
         rate = np.where(scored, 1.0 / min(self._count, self.gate_window), 0.0)
         err = np.abs(self._cand / speed[:, None] - 1.0)
         err = np.where(np.isfinite(err), np.minimum(err, 10.0), 10.0)
-        if self.gate_squared:
-            err = err * err
         if self.gate_regret:                         # what the best candidate missed too
             best = err.min(axis=1)                   # does not count, beyond a robust floor
             floor = self._floor
@@ -461,15 +458,12 @@ class NARX(Predictor):
         err = self._err.copy()
         if self.gate_regret:
             err += np.where(np.isfinite(self._floor), self._floor, 0.0)[:, None]
-        err[:, [0] + list(range(3, err.shape[1]))] *= (
-            1.0 + self.handicap) ** (
-            2 if self.gate_squared else 1)
+        err[:, [0] + list(range(3, err.shape[1]))] *= 1.0 + self.handicap
         if np.isinf(self.gate_power):               # hard: the best one so far
             w = np.zeros_like(err)
             w[np.arange(len(w)), np.argmin(err, axis=1)] = 1.0
         else:
-            power = self.gate_power / 2 if self.gate_squared else self.gate_power
-            w = (err / err.min(axis=1, keepdims=True).clip(1e-18)) ** -power
+            w = (err / err.min(axis=1, keepdims=True).clip(1e-18)) ** -self.gate_power
             w /= w.sum(axis=1, keepdims=True)
         out = (w * cand).sum(axis=1)
         return np.where(np.isfinite(out) & (out > 0), out, last)
