@@ -78,11 +78,42 @@ def test_an_exception_in_a_thread_is_printed_and_the_process_goes_on():
     assert "teardown ran" in r.stdout
 
 
-def test_the_scripts_own_excepthook_still_prints():
-    r = run("import sys\nsys.excepthook = lambda *a: print('mine', file=sys.stderr)\n"
+#: proves that the interpreter tore the main module down (what frees MXNet's KVStore and
+#: runs ps-lite's finalize barrier), which runs after every atexit handler
+FINALIZED = ("import os\nclass _D:\n    def __del__(self, write=os.write):\n"
+             "        write(1, b'finalized\\n')\n_d = _D()\n")
+
+
+def test_the_teardown_probe_shows_a_teardown():
+    assert "finalized" in run(FINALIZED + "raise SystemExit(0)").stdout
+    assert "finalized" in run(FINALIZED, env={_env.EXIT_HOOK: "0"}).stdout
+
+
+def test_a_script_with_its_own_excepthook_still_ends_without_teardown():
+    r = run(FINALIZED + "import sys\nsys.excepthook = lambda *a: print('mine', file=sys.stderr)\n"
             "raise RuntimeError('x')")
-    # the script replaced the hook after start-up: Python's own handling (not covered)
-    assert r.returncode == 1 and "mine" in r.stderr
+    assert r.returncode == 1 and "mine" in r.stderr          # the script's hook printed
+    assert "teardown ran" in r.stdout                         # and its atexit handlers ran
+    assert "finalized" not in r.stdout                        # but no module teardown
+    assert marker(r) == [f"{procs.EXIT_MARKER} 1 RuntimeError: x"]
+
+
+def test_own_excepthook_under_python_m(tmp_path):
+    (tmp_path / "job.py").write_text(FINALIZED + "import sys\n"
+                                     "sys.excepthook = lambda *a: None\nraise KeyError('k')\n")
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join([BOOT, str(tmp_path)]))
+    r = subprocess.run([sys.executable, "-m", "job"], capture_output=True, text=True,
+                       env=full, timeout=60)
+    assert r.returncode == 1 and "finalized" not in r.stdout
+    assert marker(r) == [f"{procs.EXIT_MARKER} 1 KeyError: 'k'"]
+
+
+def test_a_traceback_shown_by_the_code_module_is_not_taken_for_a_failure():
+    # code.InteractiveInterpreter sets sys.last_value when it shows an error it caught
+    r = run(FINALIZED + "import code, sys\nsys.excepthook = lambda *a: print('mine', *a[:2])\n"
+            "code.InteractiveInterpreter().runsource('1/0')\nprint('fine')")
+    assert r.returncode == 0 and "mine" in r.stdout and not marker(r)
+    assert "fine" in r.stdout and "finalized" in r.stdout
 
 
 def test_a_sitecustomize_that_was_there_still_runs(tmp_path):

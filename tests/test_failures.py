@@ -46,6 +46,15 @@ def test_an_exception_ends_the_job_and_names_the_worker_and_the_exception(plain)
         assert re.search(r"\d+ s: 2 of 2 workers running", r.stderr), r.stderr
 
 
+def test_a_script_with_its_own_excepthook_ends_the_job_too():
+    r = launch("--fail", "raise", "--plain", "--own-excepthook")
+    assert r.rc == 1, r.output
+    errors = error_lines(r)
+    assert len(errors) == 1, r.stderr
+    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in errors[0]
+    assert "[worker 1] my handler: RuntimeError: boom at iteration 5" in r.stderr
+
+
 def test_the_backstop_ends_a_plain_script_that_hangs_anyway():
     # The exit hook off: the failed worker hangs in ps-lite's finalize barrier, the other
     # in its pull. No iterations to watch, so the stall is: no worker uses any CPU for the

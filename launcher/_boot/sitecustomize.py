@@ -15,6 +15,12 @@ user's script. It
   usual (through the hook that was there), then a marker line for the launcher, flushes
   stdout and stderr and ends the process at once with ``os._exit(1)``: no interpreter
   teardown, so no finalize barrier;
+* for a script that replaces ``sys.excepthook`` with its own: an ``atexit`` handler,
+  registered before the script runs and so run after every handler the script registers,
+  ends the process with ``os._exit(1)`` when the interpreter is going down because of an
+  uncaught exception (Python sets ``sys.last_value`` when it prints one at the top level, and
+  the outermost frame of its traceback is the main module's, or runpy's for ``-m``): the
+  script's hook and atexit handlers have run, the finalize barrier does not;
 * makes a non-zero ``SystemExit`` that reaches the top level end the process with its code
   the same way. ``sys.excepthook`` never sees ``SystemExit``; instead ``builtins.SystemExit``
   becomes a subclass (printed and caught as ``SystemExit``) whose ``__del__`` runs when the
@@ -24,8 +30,7 @@ user's script. It
 
 What stays as before: scripts that catch their exceptions, ``sys.exit(0)``, ``sys.exit()``,
 a normal end (the normal finalize, barrier included), exceptions in other threads.
-Not covered (the launcher's stall detection is the backstop): a script that replaces
-``sys.excepthook`` itself; a ``SystemExit`` kept alive in a reference cycle (freed only by a
+Not covered (the launcher's stall detection is the backstop): a ``SystemExit`` kept alive in a reference cycle (freed only by a
 later garbage collection); a ``SystemExit`` raised by C code other than ``sys.exit`` (e.g.
 ``_thread.exit``), and ``except SystemExit`` clauses do not catch such a plain one; a hang
 in native code; a Python started with ``-S``, ``-I`` or ``-E`` (no sitecustomize, or no
@@ -148,6 +153,23 @@ def _exit(status=None):
     raise SystemExit(status)
 
 
+def _uncaught_at_exit() -> None:
+    """atexit: the script replaced ``sys.excepthook`` and died of an uncaught exception."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None or getattr(sys.excepthook, "mxlbbsp_exit_hook", False):
+        return                         # no uncaught exception, or our hook saw it already
+    tb = getattr(exc, "__traceback__", None)
+    if tb is None or not _main_thread():
+        return
+    top = tb.tb_frame
+    where = top.f_globals.get("__name__")
+    if not (where == "__main__" and top.f_code.co_name == "<module>") and where != "runpy":
+        return                         # set by other code (e.g. the code module): not ours
+    lines = [ln for ln in _format_only(type(exc), exc) if ln.strip()]
+    _end(1, " ".join(lines[-1:] if isinstance(exc, SyntaxError) else lines)
+         or type(exc).__name__)
+
+
 def _thread_excepthook_ignoring_ours(previous):
     def hook(args):
         if args.exc_type is SystemExit:
@@ -160,6 +182,8 @@ def install() -> None:
     if os.environ.get(ENABLE, "1") == "0":
         return
     sys.excepthook = _excepthook(sys.excepthook)
+    import atexit
+    atexit.register(_uncaught_at_exit)
     builtins.SystemExit = SystemExit
     _exit.__doc__ = sys.exit.__doc__
     sys.exit = _exit

@@ -1,12 +1,14 @@
 """A worker that fails in a chosen way, for tests/test_failures.py.
 
     misbehave.py [--plain] [--iterations N] [--rank R] [--at T] [--fail MODE] [--sleep S]
+                 [--own-excepthook]
 
 --plain: a plain MXNet kvstore script (dist_sync push/pull, no mxlbbsp import); otherwise a
 tiny Gluon model on mxlbbsp.DataLoader + mxlbbsp.Trainer. Worker R (the launcher's rank) does
 MODE at iteration T: raise (RuntimeError), exit3 (sys.exit(3)), systemexit3 (raise
 SystemExit(3)), stop (ends its loop there: fewer iterations than the others). Each iteration
-sleeps S seconds first (a slower step, so that a SIGSTOP lands in it).
+sleeps S seconds first (a slower step, so that a SIGSTOP lands in it). --own-excepthook: the
+script replaces sys.excepthook with its own (as some logging set-ups do).
 """
 import argparse
 import os
@@ -23,7 +25,12 @@ p.add_argument("--rank", type=int, default=1)
 p.add_argument("--at", type=int, default=5)
 p.add_argument("--fail", default="raise", choices=["raise", "exit3", "systemexit3", "stop", "none"])
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--own-excepthook", action="store_true")
 args = p.parse_args()
+if args.own_excepthook:
+    def _log_and_die(exc_type, exc, tb):
+        print(f"my handler: {exc_type.__name__}: {exc}", file=sys.stderr, flush=True)
+    sys.excepthook = _log_and_die
 rank = int(os.environ.get("MXLBBSP_RANK", "0"))
 
 
