@@ -32,6 +32,12 @@ With ``"boot": true`` in the spec (the launcher's workers), the guard puts its f
 uncaught exception or a non-zero ``SystemExit`` exit at once instead of hanging in ps-lite's
 finalize barrier (see ``_boot/sitecustomize.py``).
 
+With ``"cpu_every": S`` in the spec (the launcher's remote workers), the guard writes a line
+``mxlbbsp guard: cpu SECONDS`` on stdout every S seconds: the CPU time used so far by the
+command's process group (Linux ``/proc``; no line where there is none). The launcher does not
+show these lines; they let it see over SSH what it measures locally: a job whose workers all
+sit idle (e.g. in ps-lite's finalize barrier) hangs.
+
 The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
 itself is killed (``kill -9``), its role dies with it, locally and over SSH.
 
@@ -54,6 +60,8 @@ STARTED = "mxlbbsp guard: started"
 #: the guard's last line on stdout, with the command's exit code: over SSH it tells a command
 #: that exited 255 from ssh's own 255 (connection lost)
 EXITED = "mxlbbsp guard: exit"
+#: the guard's periodic line (spec ``cpu_every``): the command's CPU seconds so far
+CPU = "mxlbbsp guard: cpu"
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
 #: cores // k threads
 SHARE_CORES = "MXLBBSP_SHARE_CORES"
@@ -95,6 +103,28 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def group_cpu_seconds(pgid: int):
+    """CPU seconds (user + system, with the reaped children's) of the live processes of
+    process group ``pgid``, from ``/proc``; None where there is no ``/proc``."""
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+        except OSError:
+            continue                               # gone meanwhile
+        # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt
+        # cmajflt utime stime cutime cstime ...
+        if len(fields) > 14 and int(fields[2]) == pgid:
+            total += sum(int(f) for f in fields[11:15])
+    return total / tick
 
 
 class Guard:
@@ -153,6 +183,17 @@ class Guard:
                 break
             pending += chunk
         self.stop()
+
+    def report_cpu(self, every: float) -> None:
+        """Every ``every`` s, the command's CPU seconds on stdout (see the docstring)."""
+        while not self._stopping.wait(every) and self.child.poll() is None:
+            seconds = group_cpu_seconds(self.child.pid)
+            if seconds is None:
+                return
+            try:
+                os.write(1, f"{CPU} {seconds:.2f}\n".encode())
+            except OSError:
+                return                                # nobody listens any more
 
     def wait(self) -> int:
         rc = self.child.wait()
@@ -215,6 +256,9 @@ def main() -> int:
         sys.stderr.write(f"mxlbbsp: error: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
         return 126
     threading.Thread(target=guard.watch_stdin, args=(pending,), daemon=True).start()
+    if spec.get("cpu_every"):
+        threading.Thread(target=guard.report_cpu, args=(float(spec["cpu_every"]),),
+                         daemon=True).start()
     rc = guard.wait()
     try:
         os.write(1, f"{EXITED} {rc}\n".encode())

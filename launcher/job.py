@@ -12,8 +12,8 @@ the supervision loop, every 0.1 s, ends the job on the first of:
   of iterations): 1, with its one line;
 * no iteration finished for the stall limit (a frozen worker, a dead ps-lite peer: they hang
   rather than fail): 124. On by default (:func:`stall_limit`); for a script without
-  mxlbbsp.DataLoader (no iterations known), no CPU use by any worker for that long, counted
-  on this machine only;
+  mxlbbsp.DataLoader (no iterations known), no CPU use by any worker for that long (measured
+  here for local workers; remote workers' guards report it every CPU_EVERY s over SSH);
 * every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
 
 Whatever ended the job, every process of it on every host is stopped before ``run`` returns.
@@ -54,6 +54,8 @@ EXIT_STALL = 124
 STALL_MEDIANS = 20
 #: CPU seconds per second (all workers) under which a job without iterations counts as idle
 IDLE_CPU = 0.02
+#: a remote worker's guard reports its CPU seconds this often (see guard.CPU)
+CPU_EVERY = 1.0
 #: how often a role is started over SSH when the connection fails before its guard runs
 CONNECT_ATTEMPTS = 5
 #: variables forwarded to remote hosts (besides every --env)
@@ -178,7 +180,7 @@ class Job:
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,
-              boot: bool = False) -> RoleProcess:
+              boot: bool = False, cpu: bool = False) -> RoleProcess:
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
         silence = None
@@ -186,7 +188,8 @@ class Job:
             silence = self._keepalive[1]
         proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
                            transport or self._transport(host), self.output,
-                           show_host=self.remote, silence=silence, boot=boot)
+                           show_host=self.remote, silence=silence, boot=boot,
+                           cpu_every=CPU_EVERY if cpu and self.remote else None)
         self.procs.append(proc)
         return proc
 
@@ -225,7 +228,7 @@ class Job:
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
                                            self.resume_from))
             self.workers.append(self._role("worker", r, host, list(cfg.command), env,
-                                           boot=True))
+                                           boot=True, cpu=True))
 
     # ---- dry run --------------------------------------------------------------------------
 
@@ -403,18 +406,24 @@ class Job:
             time.sleep(0.1)
 
     def _sample_cpu(self, now: float) -> Dict[int, Optional[float]]:
-        """Each local worker's CPU use (cores) since the previous sample; notes activity."""
+        """Each worker's CPU use (cores) since its previous sample, measured here or
+        reported by its remote guard; notes activity."""
         use: Dict[int, Optional[float]] = {}
+        previous = getattr(self, "_cpu_use", {})
         busy = 0.0
         for w in self.workers:
-            seconds = w.cpu_seconds()
+            sample = w.cpu_sample()
             before = self._cpu_seen.get(w.rank)
-            if seconds is None:
+            if sample is None:
                 use[w.rank] = None
                 continue
-            self._cpu_seen[w.rank] = (now, seconds)
-            if before is not None and now > before[0]:
-                use[w.rank] = max(0.0, (seconds - before[1]) / (now - before[0]))
+            when, seconds = sample
+            if before is not None and when <= before[0]:
+                use[w.rank] = previous.get(w.rank)    # no new report since
+                continue
+            self._cpu_seen[w.rank] = (when, seconds)
+            if before is not None:
+                use[w.rank] = max(0.0, (seconds - before[1]) / (when - before[0]))
                 busy += use[w.rank]
             else:
                 use[w.rank] = None
@@ -430,7 +439,7 @@ class Job:
         limit = stall_limit(cfg.stall_timeout, floors, progress.iteration, progress.iteration_s)
         if limit is None:
             return False
-        if coord.registered == 0 and not self.remote:
+        if coord.registered == 0 and (self._cpu_seen or not self.remote):
             # no mxlbbsp.DataLoader (or not yet): no iterations to watch; a job whose
             # workers all sit idle that long hangs (e.g. in ps-lite's finalize barrier)
             idle = now - self._active_at
@@ -443,7 +452,7 @@ class Job:
                 f"(--stall-timeout SECONDS sets the limit, off turns it off)")
             return True
         if coord.registered == 0 and cfg.stall_timeout is None:
-            return False                 # over SSH without iterations: nothing to measure
+            return False                 # over SSH, no CPU reports yet: nothing to measure
         last = max(progress.last_change, started)
         if now - last <= limit:
             return False

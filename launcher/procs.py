@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, IO, List, Optional, Tuple
 
-from .guard import EXITED, STARTED
+from .guard import CPU, EXITED, STARTED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
@@ -77,13 +77,21 @@ class Output:
             self._err.flush()
 
 
+def _number(text: str) -> Optional[float]:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
 class RoleProcess:
     """One role of the job on one host, run by a guard."""
 
     def __init__(self, role: str, rank: Optional[int], host: str, argv: List[str],
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
                  show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
-                 boot: bool = False):
+                 boot: bool = False, cpu_every: Optional[float] = None):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
@@ -93,6 +101,10 @@ class RoleProcess:
         self.silence = silence
         #: the guard installs the exit hook (workers: see ``_boot/sitecustomize.py``)
         self.boot = boot
+        #: the guard reports the command's CPU seconds this often (remote workers)
+        self.cpu_every = cpu_every
+        #: the guard's last report: (time.monotonic() when it came, CPU seconds)
+        self.cpu_report: Optional[Tuple[float, float]] = None
         #: why the command ended, as its exit hook said (e.g. "RuntimeError: boom")
         self.exit_reason: Optional[str] = None
         #: the command's own one-line refusal ("mxlbbsp: error: ..." from the library or
@@ -125,6 +137,8 @@ class RoleProcess:
             spec["silence"] = self.silence
         if self.boot:
             spec["boot"] = True
+        if self.cpu_every:
+            spec["cpu_every"] = self.cpu_every
         return spec
 
     def start(self) -> None:
@@ -160,6 +174,14 @@ class RoleProcess:
                         else:
                             self._early.append((text, to_stderr))
                         continue
+                at = text.rfind(CPU) if not to_stderr else -1
+                if at >= 0 and _number(text[at + len(CPU):]) is not None:
+                    # the guard's CPU report (a line of its own, or after a partial line
+                    # of the command's that was written without its newline yet)
+                    self.cpu_report = (time.monotonic(), _number(text[at + len(CPU):]))
+                    if at == 0:
+                        continue
+                    text = text[:at]
                 at = text.rfind(EXITED) if not to_stderr else -1
                 code = text[at + len(EXITED):].strip() if at >= 0 else ""
                 if code.isdigit():
@@ -248,6 +270,14 @@ class RoleProcess:
             return psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.Error:
             return []
+
+    def cpu_sample(self) -> Optional[Tuple[float, float]]:
+        """(when, CPU seconds used so far by the role's processes): measured here, or the
+        remote guard's last report; None when neither is known."""
+        seconds = self.cpu_seconds()
+        if seconds is not None:
+            return time.monotonic(), seconds
+        return self.cpu_report
 
     def cpu_seconds(self) -> Optional[float]:
         """CPU time used so far by the role's processes on this machine (None: not here)."""

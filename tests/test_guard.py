@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from mxlbbsp.launcher.guard import STARTED
+from mxlbbsp.launcher.guard import CPU, STARTED
 
 PRINT_OMP = "import os; print('OMP=' + os.environ.get('OMP_NUM_THREADS', '-'))"
 
 
-def run_guard(spec_env: dict, parent_env: dict, cpus=None) -> subprocess.CompletedProcess:
-    spec = {"argv": [sys.executable, "-c", PRINT_OMP], "env": spec_env, "cwd": os.getcwd()}
+def run_guard(spec_env: dict, parent_env: dict, cpus=None, code=PRINT_OMP,
+              **more) -> subprocess.CompletedProcess:
+    spec = {"argv": [sys.executable, "-c", code], "env": spec_env, "cwd": os.getcwd(), **more}
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update(parent_env)
     pre = []
@@ -59,3 +60,48 @@ def test_an_explicit_omp_num_threads_wins():
     assert omp_of(run_guard({"MXLBBSP_SHARE_CORES": "1", "OMP_NUM_THREADS": "7"}, {})) == "7"
     assert omp_of(run_guard({"MXLBBSP_SHARE_CORES": "1"}, {"OMP_NUM_THREADS": "5"})) == "5"
     assert omp_of(run_guard({}, {})) == "-"          # nothing asked, nothing set
+
+
+#: busy for 1.5 s of CPU in a child process (the group's time counts, not the leader's
+#: alone), then idle for 1.5 s
+BUSY_CHILD = ("import subprocess, sys, time\n"
+              "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+              "while time.process_time() - t < 1.5: pass'])\n"
+              "time.sleep(1.5)")
+
+
+def test_the_guard_reports_its_commands_cpu_seconds_when_asked():
+    res = run_guard({}, {}, code=BUSY_CHILD, cpu_every=0.25)
+    assert res.returncode == 0, res.stderr
+    reports = [float(ln[len(CPU):]) for ln in res.stdout.splitlines() if ln.startswith(CPU)]
+    assert len(reports) >= 6, res.stdout
+    assert reports == sorted(reports)                       # CPU time only grows
+    assert 1.3 <= reports[-1] <= 3.0, reports               # the child's 1.5 s, reaped
+    idle = reports[-3:]                                     # the last 0.5 s: asleep
+    assert idle[-1] - idle[0] < 0.1, reports
+
+
+def test_the_guard_says_nothing_of_cpu_unless_asked():
+    res = run_guard({}, {}, code=BUSY_CHILD)
+    assert res.returncode == 0 and CPU not in res.stdout, res.stdout
+
+
+def test_the_launcher_takes_the_cpu_lines_and_shows_the_rest():
+    # a stand-in for a remote guard: a CPU line alone, and one written after a partial line
+    # of the command's (its newline not written yet)
+    import io
+    from mxlbbsp.launcher.guard import EXITED
+    from mxlbbsp.launcher.procs import Output, RoleProcess
+    fake = (f"import sys, time\nsys.stdin.readline()\nw = sys.stdout.write\n"
+            f"w('{STARTED}\\n'); w('{CPU} 1.25\\n'); w('half'); w('{CPU} 2.50\\n')\n"
+            f"w('line\\n'); w('{EXITED} 0\\n'); sys.stdout.flush()\n")
+    out, err = io.StringIO(), io.StringIO()
+    role = RoleProcess("worker", 0, "h", ["true"], {}, os.getcwd(),
+                       [sys.executable, "-c", fake], Output(stdout=out, stderr=err),
+                       cpu_every=1.0)
+    assert role.spec["cpu_every"] == 1.0
+    role.start()
+    assert role.wait(30) == 0
+    role.finish_output()
+    assert out.getvalue() == "[worker 0] half\n[worker 0] line\n"
+    assert role.cpu_report[1] == 2.5 and role.cpu_sample() == role.cpu_report

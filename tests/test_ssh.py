@@ -289,6 +289,22 @@ def test_launcher_killed_leaves_nothing(sshd, hostfile, running):
     assert_nothing_left(sshd, job.marker)
 
 
+def test_the_cpu_backstop_ends_a_plain_script_that_hangs_over_ssh(sshd, hostfile):
+    # The exit hook off: worker 1 raises and hangs in ps-lite's finalize barrier, worker 0
+    # in its pull. No iterations to watch: the remote guards report their workers' CPU
+    # seconds, and no CPU use for the start-up floor (shrunk to 20 s) stops the job.
+    script = ROOT / "tests" / "scripts" / "misbehave.py"
+    r = run_mxlbbsp(*launch(sshd, hostfile), "--progress", "5",
+                    "--env", "MXLBBSP_EXIT_HOOK=0", "--", "python", script, "--fail", "raise",
+                    "--plain", timeout=150, env={"MXLBBSP_STALL_FLOORS": "20,4"})
+    assert r.rc == 124, r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "no worker used any CPU for" in errors[0], r.output
+    assert re.search(r"\d+ s: 2 of 2 workers running, CPU 0%, 0%", r.stderr), r.stderr
+    assert "mxlbbsp guard: cpu" not in r.output           # the guard's lines are not shown
+    assert_nothing_left(sshd, r.marker)
+
+
 def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
     # 30 s: the limit also holds until the first iteration, which a busy 2-core machine can
     # take more than 10 s to reach (MXNet's import over two SSH sessions)
