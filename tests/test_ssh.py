@@ -305,6 +305,17 @@ def test_the_cpu_backstop_ends_a_plain_script_that_hangs_over_ssh(sshd, hostfile
     assert_nothing_left(sshd, r.marker)
 
 
+def test_stall_timeout_leaves_a_busy_plain_script_over_ssh_alone(sshd, hostfile):
+    # no iterations to watch, but CPU use: the job runs past the limit to its end (10,000
+    # push/pulls with a 1 ms sleep before each: 10 s at least, twice the limit)
+    script = ROOT / "tests" / "scripts" / "misbehave.py"
+    r = run_mxlbbsp(*launch(sshd, hostfile, "--stall-timeout", "5"), "--", "python", script,
+                    "--fail", "none", "--plain", "--iterations", "10000", "--sleep", "0.001",
+                    timeout=150)
+    assert r.rc == 0, r.output
+    assert r.seconds > 10, r.output
+
+
 def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
     # 30 s: the limit also holds until the first iteration, which a busy 2-core machine can
     # take more than 10 s to reach (MXNet's import over two SSH sessions)
