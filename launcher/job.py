@@ -486,7 +486,7 @@ class Job:
 
     def preflight(self, host) -> Optional[str]:
         """What is wrong with ``host`` for this job now (ssh pre-flight), None if nothing."""
-        return ssh._check(host, self._ssh, self._python(host), self.config.cwd)
+        return ssh.check_host(host, self._ssh, self._python(host), self.config.cwd)
 
     def _host_answers(self, name: str) -> bool:
         """Whether ``name`` still passes the pre-flight (a few seconds at most)."""

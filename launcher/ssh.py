@@ -98,7 +98,7 @@ def says_connection_lost(line: Optional[str]) -> bool:
     return bool(line and _CONNECTION_LOST.search(line))
 
 
-def _check(host: Host, opts: SshOptions, python: str, folder: str) -> Optional[str]:
+def check_host(host: Host, opts: SshOptions, python: str, folder: str) -> Optional[str]:
     """None when ``host`` is reachable and can run a role in ``folder``, else what is wrong.
 
     A quick failure of ssh itself (exit 255: connection refused or reset, e.g. a host that is
@@ -146,7 +146,7 @@ def preflight(hosts: Sequence[Host], opts: SshOptions, python: str, folder: str)
     """Check every host in parallel; returns one message per host that failed."""
     unique = distinct(hosts)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-        results = list(pool.map(lambda h: _check(h, opts, python, folder), unique))
+        results = list(pool.map(lambda h: check_host(h, opts, python, folder), unique))
     return [r for r in results if r]
 
 
