@@ -21,8 +21,9 @@ benchmarks/contention.py), so that a tenant slows down exactly the worker it sha
 with: the dedicated-core setting of a shared cluster, where the noise of Linux spreading three
 busy threads over two cores from one 4 ms slice to the next is gone.
 
-The traces carry every signal the workers report (mxlbbsp/signals.py: others_cpu, ctx_invol,
-run_delay, cpu_pressure, steal, runq) next to cpu_percent and mem_percent.
+The traces carry every signal the workers can report (``--signals all``; mxlbbsp/signals.py:
+others_cpu, ctx_invol, run_delay, cpu_pressure, steal, runq, and the three tail columns) next
+to cpu_percent and mem_percent.
 
     python benchmarks/record_traces.py                 # every recording, one after another
     python benchmarks/record_traces.py cnn_cpu_levels  # one of them
@@ -136,7 +137,8 @@ def record(name: str, spec: dict, out_dir: str, keep: str) -> dict:
     os.makedirs(work, exist_ok=True)
     metrics = os.path.join(work, f"{name}.jsonl")
     launch = [sys.executable, "-m", "mxlbbsp.launcher", "launch", "-n", "2",
-              "--sync", spec["sync"], "--metrics", metrics, "--progress", "0"]
+              "--sync", spec["sync"], "--metrics", metrics, "--progress", "0",
+              "--signals", "all"]
     if spec.get("predictor"):
         launch += ["--predictor", spec["predictor"]]
     launch += ["--", sys.executable]

@@ -1,12 +1,21 @@
 """Cost of reading the contention signals (mxlbbsp/signals.py) on a worker, per iteration.
 
-    python benchmarks/signals_cost.py
+    python benchmarks/signals_cost.py            # the reads, then a job (~2 minutes)
+    python benchmarks/signals_cost.py --no-job   # the reads only
 
 A worker reads them three times per iteration (``Signals.begin`` when its compute phase starts,
 the tail's snapshot in the sampler thread near its end, ``Signals.read`` when it ends). Measured: each source alone, and one begin + read, median and
 99th percentile over 2000 calls after 200 warm-up calls, wall clock and process CPU time, in
 this (single-threaded) process, and in a process with 12 extra threads (MXNet's engine and
 data workers make a worker's thread count grow; run_delay reads one file per thread).
+
+Then what it costs a job, side by side in one run: a tiny model (the MLP on digits, a few ms
+per iteration, where the cost shows most), 2 workers, ``--signals`` none with ``--exog none``
+(nothing read), none (the default --exog inputs only), auto (the default), all (the tail too,
+with its sampler thread), and for scale nothing read with ``--predictor ema`` (the NARX's
+own share: its forecast is on the path from the last report to the next split), in ABBA
+order over ROUNDS rounds; the throughput of each against nothing read, per round.
+
 Writes benchmarks/results/signals_cost.json and .md. The machine is shared: the load average
 is recorded.
 """
@@ -28,6 +37,36 @@ sys.path.insert(0, ROOT)
 from mxlbbsp import signals as S  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+#: the job: launcher options per variant (the first is the reference), and its size
+VARIANTS = {"nothing read": ["--signals", "none", "--exog", "none"],
+            "--signals none (the --exog inputs only)": ["--signals", "none"],
+            "--signals auto (default)": ["--signals", "auto"],
+            "--signals all (the tail too)": ["--signals", "all"],
+            "nothing read, --predictor ema": ["--signals", "none", "--exog", "none",
+                                              "--predictor", "ema"]}
+ROUNDS = 4
+JOB = ["--model", "mlp", "--data", "digits", "--iterations", "600", "--epochs", "1000",
+       "--log-interval", "0"]
+
+
+def job_cost(rounds: int = ROUNDS) -> dict:
+    """Samples/s of the tiny job per variant and round, and the ratios to the first."""
+    import tempfile
+    from pathlib import Path
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import _common
+    import _suite
+    speed = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for v in _suite.order(list(VARIANTS), r):
+                _common.progress(f"round {r + 1}/{rounds}: {v}")
+                summary = _common.launch(2, JOB, Path(tmp) / "m.jsonl",
+                                         launch_args=VARIANTS[v])
+                speed[v].append(summary["samples_per_s"])
+    ref = speed[next(iter(VARIANTS))]
+    return {"rounds": rounds, "job": JOB, "samples_per_s": speed,
+            "ratio": {v: [a / b for a, b in zip(xs, ref)] for v, xs in speed.items()}}
 
 
 def measure(fn, calls=2000, warmup=200) -> dict:
@@ -58,9 +97,13 @@ def sources(sig) -> dict:
     }
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--no-job", action="store_true", help="measure the reads only")
+    args = p.parse_args(argv)
     sig = S.Signals(tail=False)     # sample() is called here, timed, instead of by its thread
-    doc = {"command": "python benchmarks/signals_cost.py",
+    doc = {"command": "python benchmarks/signals_cost.py" + (" --no-job" if args.no_job else ""),
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python "
                       f"{platform.python_version()}, {platform.platform()}",
@@ -75,6 +118,8 @@ def main() -> int:
     for name, fn in sources(sig).items():
         doc["threads_13"][name] = measure(fn)
     stop.set()
+    if not args.no_job:
+        doc["job"] = job_cost()
     doc["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "signals_cost.json"), "w") as fh:
@@ -93,6 +138,20 @@ def main() -> int:
         lines.append(f"| {name} | {a['wall_us_median']:.0f} ({a['wall_us_p99']:.0f}) | "
                      f"{a['cpu_us_median']:.0f} | {b['wall_us_median']:.0f} "
                      f"({b['wall_us_p99']:.0f}) | {b['cpu_us_median']:.0f} |")
+    if "job" in doc:
+        job = doc["job"]
+        lines += ["", "## What it costs a job", "",
+                  f"`mxlbbsp launch -n 2 ... -- python examples/train_gluon.py "
+                  f"{' '.join(job['job'])}` (a few ms per iteration), {job['rounds']} rounds "
+                  "in ABBA order; samples/s per round, and its ratio to nothing read in the "
+                  "same round.", "",
+                  "| variant | samples/s per round | ratio per round | median ratio |",
+                  "|---|---|---|---|"]
+        for v, xs in job["samples_per_s"].items():
+            ratios = job["ratio"][v]
+            lines.append(f"| {v} | {', '.join(f'{x:.0f}' for x in xs)} | "
+                         f"{', '.join(f'{x:.2f}' for x in ratios)} | "
+                         f"{float(np.median(ratios)):.2f} |")
     lines += ["", f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ",
               f"Date: {doc['date']}", ""]
     with open(os.path.join(RESULTS, "signals_cost.md"), "w") as fh:

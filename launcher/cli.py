@@ -114,6 +114,12 @@ def cli(verbose):
                    f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "
                    f"of {', '.join(_signals.COLUMNS)} (the *_tail ones: over the last quarter "
                    "of the compute phase; see mxlbbsp/signals.py).")
+@click.option("--signals", "signal_spec", default="auto", show_default=True, metavar="COLS",
+              help="What every worker reads of its host and reports (into --metrics, for "
+                   "`mxlbbsp trace`), besides the --exog inputs: auto (all but the *_tail "
+                   "ones, whose sampler thread costs a tiny model up to a fifth of its "
+                   "speed), all, none, or a comma-separated list of columns as for --exog. "
+                   "Use all to record traces with the tail.")
 @click.option("--threshold", type=float, default=0.03, show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
@@ -170,7 +176,7 @@ def cli(verbose):
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
-           batch_range, lr_scaling, epochs, predictor, time_model, exog, threshold,
+           batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, command):
@@ -179,7 +185,7 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
-        exog=exog, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        exog=exog, signals=signal_spec, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,

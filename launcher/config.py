@@ -176,6 +176,7 @@ class LaunchConfig:
     predictor: str = "narx"
     time_model: str = "auto"
     exog: str = "auto"                        # the predictor's inputs (--exog)
+    signals: str = "auto"                     # what the workers read besides (--signals)
     threshold: float = 0.03
     max_batch_size: Optional[int] = None
     emulate_slowdown: Optional[str] = None
@@ -209,6 +210,8 @@ class LaunchConfig:
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
     #: the report fields the predictor sees, from ``exog`` by validation
     exog_columns: tuple = dataclasses.field(default=(), repr=False)
+    #: the report columns every worker reads (--signals and --exog), by validation
+    signal_columns: tuple = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self):
         self.command = list(self.command or [])
@@ -239,6 +242,7 @@ class LaunchConfig:
                               f"{', '.join(TIME_MODELS)}")
         try:
             self.exog_columns = signals.parse_exog(self.exog)
+            self.signal_columns = signals.parse_signals(self.signals, self.exog_columns)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if not 0 <= self.threshold < 1:

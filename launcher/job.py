@@ -223,7 +223,8 @@ class Job:
             env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
-                                       (cfg.emulate_compute or 0.0) / 1000.0))
+                                       (cfg.emulate_compute or 0.0) / 1000.0,
+                                       cfg.signal_columns))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
                                            self.resume_from))

@@ -29,6 +29,8 @@ MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
                        compute phase (before any slowdown factor); absent: none
+MXLBBSP_SIGNALS        the report columns this worker reads (mxlbbsp.signals.COLUMNS), comma-
+                       separated; empty: none; absent: signals.AUTO (launcher --signals)
 MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecustomize.py,
                        which reads it itself: it imports nothing of mxlbbsp)
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
@@ -61,6 +63,7 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
+SIGNALS = "MXLBBSP_SIGNALS"
 EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
 STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
@@ -80,7 +83,7 @@ RESERVED = {
     NUM_WORKER: "-n/--num-workers", NODE_HOST: "--bind", INTERFACE: "--ps-interface",
     COORDINATOR: "--bind", TOKEN: None, SYNC: "--sync", RANK: None, HOST: None,
     SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
-    LR_SCALING: "--lr-scaling",
+    LR_SCALING: "--lr-scaling", SIGNALS: "--signals",
 }
 
 
@@ -253,9 +256,17 @@ def ps_env(role_name: str, root_uri: str, root_port: int, n_servers: int, n_work
     return env
 
 
+def signals(env: Optional[Mapping[str, str]] = None) -> Optional[tuple]:
+    """MXLBBSP_SIGNALS: the report columns to read (None: absent, the default set)."""
+    raw = (os.environ if env is None else env).get(SIGNALS)
+    if raw is None:
+        return None                    # (empty: none at all, unlike the other variables)
+    return tuple(c.strip() for c in raw.split(",") if c.strip())
+
+
 def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], token_: str,
                host_label: str, slowdown_spec: Optional[str] = None,
-               sample_cost_s: float = 0.0) -> dict:
+               sample_cost_s: float = 0.0, signal_columns: Optional[tuple] = None) -> dict:
     """The MXLBBSP_* variables for one worker."""
     host_, port = coordinator_addr
     env = {
@@ -269,4 +280,6 @@ def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], to
         env[SLOWDOWN] = slowdown_spec
     if sample_cost_s:
         env[SAMPLE_COST] = repr(float(sample_cost_s))
+    if signal_columns is not None:
+        env[SIGNALS] = ",".join(signal_columns)
     return env

@@ -138,6 +138,7 @@ class Session:
         self._untimed = 0.0               # seconds inside untimed() since the last step
         self._compute = 0.0
         self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
+        self._read_load = False                  # cpu_percent, mem_percent asked for
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
         addr = _env.coordinator(env)
         if addr is None:
@@ -168,8 +169,15 @@ class Session:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
-        _host_load()  # the first CPU reading only starts psutil's interval
-        self._signals = _signals.Signals()
+        columns = _env.signals()
+        if columns is None:
+            columns = _signals.AUTO
+        # only what the launcher asks for (--signals, --exog): reading costs time in the
+        # compute phase, and the tail a thread (see mxlbbsp/signals.py)
+        self._read_load = "cpu_percent" in columns or "mem_percent" in columns
+        if self._read_load:
+            _host_load()  # the first CPU reading only starts psutil's interval
+        self._signals = _signals.Signals(columns=columns)
         self._signals.begin()
         hello = P.hello(self.rank, token, os.getpid(), self.host, self.global_batch_size,
                         dataset_size, max_batch_size)
@@ -346,7 +354,7 @@ class Session:
         self._compute = compute
         self._t_ready = time.perf_counter()
         if self.coordinated:
-            cpu, mem = _host_load()
+            cpu, mem = _host_load() if self._read_load else (None, None)
             msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                            self.next_global_batch(), self._signals.read())
             msg["global_batch"] = self.batch_global

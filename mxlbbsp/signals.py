@@ -41,9 +41,14 @@ recorded traces they help NARX only where each worker has its own core:
 benchmarks/results/predictors.md.)
 
 Any signal the platform lacks is NaN, never an error (no /proc: everything but ``ctx_invol``).
-Reading one window costs a few small /proc reads, three times per iteration (one of them in
-the sampler thread)
-(``python benchmarks/signals_cost.py``; results in benchmarks/results/signals_cost.md).
+A worker reads only the columns it is asked for (``Signals(columns=...)``; the launcher's
+``--signals``, plus what ``--exog`` needs): each source is read only when a column needs it,
+and the sampler thread runs only when a tail column is asked for. Reading one window costs a
+few small /proc reads, twice per iteration, and once more in the sampler thread for the tail
+(``python benchmarks/signals_cost.py``; results in benchmarks/results/signals_cost.md). The
+sampler thread costs more than its reads: on a tiny model (a few ms per iteration) its
+wake-up in the middle of the compute phase, and the GIL it takes there, cost a 2-worker job
+on 2 cores 15-20 % of its throughput, hence not read by default (benchmarks/README.md).
 
 No MXNet import.
 """
@@ -61,6 +66,14 @@ TAIL_NAMES = ("others_cpu_tail", "run_delay_tail", "cpu_pressure_tail")
 NAMES = ("others_cpu", "ctx_invol", "run_delay", "cpu_pressure", "steal", "runq") + TAIL_NAMES
 #: the tail: this share of a window, at its end
 TAIL = 0.25
+#: the columns a worker reads unless told otherwise (launcher ``--signals auto``): all but
+#: the tail, which needs the sampler thread
+AUTO = ("cpu_percent", "mem_percent") + tuple(n for n in NAMES if n not in TAIL_NAMES)
+#: which source each column needs
+_SOURCES = {"others_cpu": ("host", "own"), "others_cpu_tail": ("host", "own"),
+            "steal": ("host",), "runq": ("host",), "ctx_invol": ("ctx",),
+            "run_delay": ("delay",), "run_delay_tail": ("delay",),
+            "cpu_pressure": ("psi",), "cpu_pressure_tail": ("psi",)}
 #: refresh the list of child processes every this many windows
 CHILDREN_EVERY = 256
 _NAN = float("nan")
@@ -131,10 +144,14 @@ def _threads(tids=None):
 
 class Signals:
     """Reads the contention signals of this process's host over windows. ``begin`` and
-    ``read`` are called from one thread; with ``tail`` a daemon thread of this object takes
-    the tail's snapshot (``sample``: tests call it themselves with ``tail=False``)."""
+    ``read`` are called from one thread; with ``tail`` (and a tail column among ``columns``)
+    a daemon thread of this object takes the tail's snapshot (``sample``: tests call it
+    themselves with ``tail=False``). ``columns``: the NAMES to read (default: all); ``read``
+    returns those only."""
 
-    def __init__(self, tail: bool = True):
+    def __init__(self, tail: bool = True, columns=None):
+        self.columns = tuple(n for n in NAMES if columns is None or n in columns)
+        self._needs = {source for n in self.columns for source in _SOURCES[n]}
         self._cpus = os.cpu_count() or 1
         self._snapshots = 0
         self._children: List = []
@@ -151,7 +168,8 @@ class Signals:
             self._proc = psutil.Process()
         except Exception:  # noqa: BLE001 - psutil missing or broken: those columns are NaN
             self._proc = None
-        if tail:
+        self._tail = any(n in TAIL_NAMES for n in self.columns)
+        if tail and self._tail:
             threading.Thread(target=self._sampler, name="mxlbbsp-signals",
                              daemon=True).start()
 
@@ -204,14 +222,19 @@ class Signals:
             return _NAN
 
     def _snapshot(self) -> dict:
-        if self._snapshots % CHILDREN_EVERY == 0:    # threads come and go rarely
-            try:
+        """The sources the columns need, now (the others NaN)."""
+        needs = self._needs
+        if "delay" in needs and self._snapshots % CHILDREN_EVERY == 0:
+            try:                                     # threads come and go rarely
                 self._tids = os.listdir("/proc/self/task")
             except OSError:
                 self._tids = None
-        host = _host_stat()
-        snap = {"wall": time.monotonic(), "own": self._own_cpu(), "ctx": self._ctx(),
-                "delay": _threads(self._tids), "psi": _pressure()}
+        host = _host_stat() if "host" in needs else None
+        snap = {"wall": time.monotonic(),
+                "own": self._own_cpu() if "own" in needs else _NAN,
+                "ctx": self._ctx() if "ctx" in needs else _NAN,
+                "delay": _threads(self._tids) if "delay" in needs else _NAN,
+                "psi": _pressure() if "psi" in needs else _NAN}
         self._snapshots += 1
         if host is None:
             snap.update(busy=_NAN, total=_NAN, steal=_NAN, running=_NAN)
@@ -228,7 +251,7 @@ class Signals:
     def _arm(self) -> None:
         """Schedule the tail's snapshot of the window that starts now (lock held)."""
         self._mid = None
-        self._due = None if self._length is None else \
+        self._due = None if self._length is None or not self._tail else \
             self._start["wall"] + (1.0 - TAIL) * self._length
         self._lock.notify()
 
@@ -242,7 +265,7 @@ class Signals:
                 self._length = end["wall"] - start["wall"]
             self._arm()
         if start is None:
-            return {name: _NAN for name in NAMES}
+            return {name: _NAN for name in self.columns}
         out = dict.fromkeys(NAMES, _NAN)
         self._over(start, end, out, "")
         self.tail_s = 0.0
@@ -256,8 +279,8 @@ class Signals:
         out["runq"] = end["running"]
         if total > 0:
             out["steal"] = 100.0 * (end["steal"] - start["steal"]) / total
-        return {k: (v if isinstance(v, float) and math.isfinite(v) else _NAN)
-                for k, v in out.items()}
+        return {k: (out[k] if isinstance(out[k], float) and math.isfinite(out[k]) else _NAN)
+                for k in self.columns}
 
     def _over(self, start: dict, end: dict, out: dict, suffix: str) -> None:
         """others_cpu, run_delay, cpu_pressure (+ suffix) and ctx_invol (no suffix only)
@@ -304,3 +327,25 @@ def parse_exog(spec: str, available=COLUMNS) -> tuple:
     if len(set(names)) != len(names):
         raise ValueError(f"--exog {spec!r}: a column appears twice")
     return names
+
+
+def parse_signals(spec: str, exog=()) -> tuple:
+    """``--signals``: the columns every worker reads and reports, besides the predictor's
+    inputs ``exog`` (always read): "auto" (AUTO: all but the tail), "all", "none", or a
+    comma-separated list of COLUMNS. Returns them in COLUMNS order. Raises ValueError with a
+    one-line message for an unknown name."""
+    spec = (spec or "auto").strip()
+    if spec == "auto":
+        chosen = AUTO
+    elif spec == "all":
+        chosen = COLUMNS
+    elif spec == "none":
+        chosen = ()
+    else:
+        chosen = tuple(p.strip() for p in spec.split(","))
+        for name in chosen:
+            if name not in COLUMNS:
+                raise ValueError(f"--signals: unknown column {name!r}; choose from "
+                                 f"{', '.join(COLUMNS)} (or auto, all, none)")
+    wanted = set(chosen) | set(exog)
+    return tuple(c for c in COLUMNS if c in wanted)

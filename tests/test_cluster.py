@@ -37,6 +37,9 @@ def relative_difference(a, b):
                      / max(np.abs(a[k].asnumpy()).max(), 1e-12)) for k in a)
 
 
+from mxlbbsp import signals  # noqa: E402
+
+
 def records(path):
     rows = [json.loads(line) for line in open(path)]
     by_iter = {}
@@ -93,6 +96,10 @@ def test_metrics_have_one_record_per_worker_per_iteration(lbbsp_run):
         assert r["sync"] == "lbbsp" and r["compute_s"] > 0 and r["wait_s"] >= 0
     assert {r["slowdown"] for r in rows if r["rank"] == 1} == {3.0}
     assert all(r["predicted_speed"] > 0 for r in rows if r["iteration"] >= 2)
+    # the default --signals auto: every signal but the tail (no sampler thread)
+    assert all(name in r for name in signals.AUTO for r in rows)
+    assert not any(name in r for name in signals.TAIL_NAMES for r in rows)
+    assert any(r["others_cpu"] is not None for r in rows)
 
 
 def test_the_last_line_agrees_with_the_report(lbbsp_run):

@@ -2,12 +2,13 @@
 live readings on this machine, and how they travel (report, metrics, trace, --exog)."""
 import json
 import math
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from conftest import run_mxlbbsp
+from conftest import EXAMPLE, PY, run_mxlbbsp
 from mxlbbsp import protocol as P
 from mxlbbsp import signals
 from mxlbbsp import trace as _trace
@@ -205,3 +206,73 @@ def test_launch_rejects_an_unknown_exog_column(tmp_path):
     assert r.rc == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--exog: unknown column 'cpu'" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("spec, exog, columns", [
+    ("auto", (), signals.AUTO),
+    ("all", (), signals.COLUMNS),
+    ("none", (), ()),
+    ("none", signals.DEFAULT, signals.DEFAULT),
+    ("runq, cpu_pressure_tail", ("mem_percent",), ("mem_percent", "runq",
+                                                   "cpu_pressure_tail")),
+])
+def test_parse_signals_adds_the_exog_inputs_in_column_order(spec, exog, columns):
+    assert signals.parse_signals(spec, exog) == columns
+    assert not set(signals.TAIL_NAMES) & set(signals.AUTO)
+
+
+def test_parse_signals_errors():
+    with pytest.raises(ValueError, match="--signals: unknown column 'load'"):
+        signals.parse_signals("runq,load")
+
+
+def _samplers():
+    return sum(t.name == "mxlbbsp-signals" for t in threading.enumerate())
+
+
+def test_a_worker_reads_only_the_columns_it_is_asked_for(monkeypatch):
+    def not_read():
+        raise AssertionError("a source no column needs was read")
+    before = _samplers()
+    s = signals.Signals(columns=("runq", "cpu_pressure"))
+    assert _samplers() == before                 # no tail column: no sampler thread
+    monkeypatch.setattr(signals, "_threads", lambda tids=None: not_read())
+    monkeypatch.setattr(s, "_ctx", not_read)
+    monkeypatch.setattr(s, "_own_cpu", not_read)
+    s.begin()
+    out = s.read()
+    assert set(out) == {"runq", "cpu_pressure"}
+    assert out["runq"] >= 1
+
+
+def test_the_sampler_thread_runs_only_for_a_tail_column():
+    before = _samplers()
+    signals.Signals(columns=("others_cpu",))
+    assert _samplers() == before
+    signals.Signals(columns=("run_delay_tail",))
+    assert _samplers() == before + 1
+
+
+def test_launch_rejects_an_unknown_signals_column():
+    r = run_mxlbbsp("launch", "-n", 2, "--signals", "runq,tail", "--", "python", "-c", "pass")
+    assert r.rc == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--signals: unknown column 'tail'" in lines[0], r.stderr
+
+
+@pytest.mark.cluster
+def test_workers_report_what_signals_and_exog_ask_for(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    r = run_mxlbbsp("launch", "-n", 2, "--signals", "runq,others_cpu_tail", "--exog",
+                    "cpu_pressure", "--metrics", metrics, "--progress", "0", "--", PY,
+                    EXAMPLE, "--model", "mlp", "--data", "digits", "--iterations", "8",
+                    "--log-interval", "0")
+    assert r.rc == 0, r.output
+    rows = [json.loads(line) for line in open(metrics)]
+    assert rows
+    for row in rows:
+        sent = {name for name in signals.NAMES if name in row}
+        assert sent == {"runq", "others_cpu_tail", "cpu_pressure"}, row
+        assert row["cpu_percent"] is None and row["mem_percent"] is None
+    assert all(row["runq"] >= 1 for row in rows)
+    assert any(row["others_cpu_tail"] is not None for row in rows)
