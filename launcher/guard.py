@@ -34,7 +34,7 @@ finalize barrier (see ``_boot/sitecustomize.py``).
 
 With ``"cpu_every": S`` in the spec (the launcher's remote workers), the guard writes a line
 ``mxlbbsp guard: cpu SECONDS`` on stdout every S seconds: the CPU time used so far by the
-command's process group (Linux ``/proc``; no line where there is none). The launcher does not
+command and its descendants (Linux ``/proc``; no line where there is none). The launcher does not
 show these lines; they let it see over SSH what it measures locally: a job whose workers all
 sit idle (e.g. in ps-lite's finalize barrier) hangs.
 
@@ -52,6 +52,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 NOT_FOUND = 127
 STDIN = 0
@@ -105,25 +106,52 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def group_cpu_seconds(pgid: int):
-    """CPU seconds (user + system, with the reaped children's) of the live processes of
-    process group ``pgid``, from ``/proc``; None where there is no ``/proc``."""
+def _stat_cpu(pid) -> Optional[int]:
+    """utime + stime + cutime + cstime of process ``pid`` in clock ticks (None: gone)."""
     try:
-        pids = [d for d in os.listdir("/proc") if d.isdigit()]
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+    except OSError:
         return None
-    total = 0
-    for pid in pids:
+    # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+    # utime stime cutime cstime ...
+    return sum(int(f) for f in fields[11:15]) if len(fields) > 14 else None
+
+
+def tree_cpu_seconds(pid: int) -> Optional[float]:
+    """CPU seconds (user + system, with the reaped children's) of process ``pid`` and its
+    live descendants, walked through ``/proc/PID/task/TID/children``: a few small reads per
+    process of the tree, however many processes the host runs. None where there is no such
+    file (no ``/proc``, or a kernel without CONFIG_PROC_CHILDREN) or ``pid`` is gone."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return None
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        ticks = _stat_cpu(p)
+        if ticks is None:
+            if p == pid:
+                return None
+            continue                             # ended meanwhile
+        total += ticks
         try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rpartition(b")")[2].split()
+            tids = os.listdir(f"/proc/{p}/task")
         except OSError:
-            continue                               # gone meanwhile
-        # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt
-        # cmajflt utime stime cutime cstime ...
-        if len(fields) > 14 and int(fields[2]) == pgid:
-            total += sum(int(f) for f in fields[11:15])
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+            except FileNotFoundError:
+                if p == pid and tid == str(pid):
+                    return None                  # no children files on this kernel
+            except OSError:
+                continue
     return total / tick
 
 
@@ -187,7 +215,7 @@ class Guard:
     def report_cpu(self, every: float) -> None:
         """Every ``every`` s, the command's CPU seconds on stdout (see the docstring)."""
         while not self._stopping.wait(every) and self.child.poll() is None:
-            seconds = group_cpu_seconds(self.child.pid)
+            seconds = tree_cpu_seconds(self.child.pid)
             if seconds is None:
                 return
             try:
