@@ -440,9 +440,12 @@ class Job:
         limit = stall_limit(cfg.stall_timeout, floors, progress.iteration, progress.iteration_s)
         if limit is None:
             return False
-        if coord.registered == 0 and (self._cpu_seen or not self.remote):
+        if coord.registered == 0:
             # no mxlbbsp.DataLoader (or not yet): no iterations to watch; a job whose
-            # workers all sit idle that long hangs (e.g. in ps-lite's finalize barrier)
+            # workers all sit idle that long hangs (e.g. in ps-lite's finalize barrier).
+            # CPU use is measured here for local workers and reported by the guards of
+            # remote ones; none yet (the first second, or the remote guards of an older
+            # mxlbbsp that do not report): nothing to measure
             idle = now - self._active_at
             if idle <= limit or not self._cpu_seen:
                 return False
@@ -452,8 +455,6 @@ class Job:
                 f"ps-lite for one that failed or hangs; stopping the job "
                 f"(--stall-timeout SECONDS sets the limit, off turns it off)")
             return True
-        if coord.registered == 0 and cfg.stall_timeout is None:
-            return False                 # over SSH, no CPU reports yet: nothing to measure
         last = max(progress.last_change, started)
         if now - last <= limit:
             return False
