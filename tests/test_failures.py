@@ -32,13 +32,18 @@ def error_lines(result):
     return [line for line in result.stderr.splitlines() if line.startswith("[mxlbbsp] error")]
 
 
+def one_error(result, rc):
+    """The job ended with ``rc`` and said why in exactly one error line: that line."""
+    assert result.rc == rc, result.output
+    errors = error_lines(result)
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
 @pytest.mark.parametrize("plain", [False, True], ids=["mxlbbsp-api", "plain-kvstore"])
 def test_an_exception_ends_the_job_and_names_the_worker_and_the_exception(plain):
     r = launch("--fail", "raise", *(["--plain"] if plain else []))
-    assert r.rc == 1, r.output
-    errors = error_lines(r)
-    assert len(errors) == 1, r.stderr
-    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in errors[0]
+    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in one_error(r, 1)
     assert "[worker 1] Traceback (most recent call last):" in r.stderr   # printed as usual
     assert "mxlbbsp-exit-hook" not in r.output                             # the marker is ours
     if plain:   # a plain script never says "waiting for the first iteration"
@@ -48,10 +53,7 @@ def test_an_exception_ends_the_job_and_names_the_worker_and_the_exception(plain)
 
 def test_a_script_with_its_own_excepthook_ends_the_job_too():
     r = launch("--fail", "raise", "--plain", "--own-excepthook")
-    assert r.rc == 1, r.output
-    errors = error_lines(r)
-    assert len(errors) == 1, r.stderr
-    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in errors[0]
+    assert "worker 1 exited with code 1: RuntimeError: boom at iteration 5" in one_error(r, 1)
     assert "[worker 1] my handler: RuntimeError: boom at iteration 5" in r.stderr
 
 
@@ -62,9 +64,7 @@ def test_the_backstop_ends_a_plain_script_that_hangs_anyway():
     r = run_mxlbbsp("launch", "-n", 2, "-s", 1, "--progress", "5",
                     "--env", "MXLBBSP_EXIT_HOOK=0", "--", PY, SCRIPT, "--fail", "raise",
                     "--plain", timeout=BOUND, env={"MXLBBSP_STALL_FLOORS": "20,4"})
-    assert r.rc == 124, r.output
-    errors = error_lines(r)
-    assert len(errors) == 1 and "no worker used any CPU for" in errors[0], r.stderr
+    assert "no worker used any CPU for" in one_error(r, 124)
     assert re.search(r"\d+ s: 2 of 2 workers running, CPU 0%, 0%", r.stderr), r.stderr
 
 
@@ -82,12 +82,10 @@ def test_raise_systemexit_ends_the_job_with_its_code():
 
 def test_workers_with_different_iteration_counts_end_the_job_with_one_line():
     r = launch("--fail", "stop", "--iterations", "10")
-    assert r.rc == 1, r.output
-    errors = error_lines(r)
-    assert len(errors) == 1, r.stderr
-    assert "worker 1 ended after iteration 4 while worker 0 went on to iteration 5" in errors[0]
-    assert "every worker must run the same number of iterations" in errors[0]
-    assert "use the DataLoader's epochs" in errors[0]
+    error = one_error(r, 1)
+    assert "worker 1 ended after iteration 4 while worker 0 went on to iteration 5" in error
+    assert "every worker must run the same number of iterations" in error
+    assert "use the DataLoader's epochs" in error
 
 
 class Running:
