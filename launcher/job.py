@@ -375,6 +375,7 @@ class Job:
         floors = self._floors
         self._active_at = started          # a job without iterations: last CPU use seen
         self._cpu_seen: Dict[int, tuple] = {}
+        self._cpu_use: Dict[int, Optional[float]] = {}   # cores per worker, last sample
         next_cpu = started + 1.0
         while True:
             if self._signal is not None:
@@ -410,7 +411,6 @@ class Job:
         """Each worker's CPU use (cores) since its previous sample, measured here or
         reported by its remote guard; notes activity."""
         use: Dict[int, Optional[float]] = {}
-        previous = getattr(self, "_cpu_use", {})
         busy = 0.0
         for w in self.workers:
             sample = w.cpu_sample()
@@ -420,7 +420,7 @@ class Job:
                 continue
             when, seconds = sample
             if before is not None and when <= before[0]:
-                use[w.rank] = previous.get(w.rank)    # no new report since
+                use[w.rank] = self._cpu_use.get(w.rank)    # no new report since
                 continue
             self._cpu_seen[w.rank] = (when, seconds)
             if before is not None:
@@ -564,7 +564,7 @@ class Job:
         if p.iteration < 0 and self.coordinator.registered == 0:
             # e.g. a plain MXNet kvstore script: say what is known
             running = sum(w.poll() is None for w in self.workers)
-            use = getattr(self, "_cpu_use", {})
+            use = self._cpu_use
             cpu = [use.get(w.rank) for w in self.workers if w.poll() is None]
             shown = ", ".join("?" if c is None else f"{100 * c:.0f}%" for c in cpu)
             if len(cpu) > 16:

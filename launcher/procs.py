@@ -77,12 +77,28 @@ class Output:
             self._err.flush()
 
 
-def _number(text: str) -> Optional[float]:
+def _seconds(text: str) -> Optional[float]:
+    """The CPU seconds of a guard CPU line's tail, None if it is not one."""
     try:
         value = float(text)
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
+def _exit_code(text: str) -> Optional[int]:
+    """The exit code of a guard exit line's tail, None if it is not one."""
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def _guard_tail(text: str, marker: str, parse) -> tuple:
+    """(what comes before, the parsed value) when ``text`` ends with a guard line ``marker
+    VALUE``: a line of its own (then what comes before is ""), or one written after a partial
+    line of the command's, which had no newline yet, sharing its line; else (text, None)."""
+    at = text.rfind(marker)
+    value = parse(text[at + len(marker):]) if at >= 0 else None
+    return (text, None) if value is None else (text[:at], value)
 
 
 class RoleProcess:
@@ -174,23 +190,16 @@ class RoleProcess:
                         else:
                             self._early.append((text, to_stderr))
                         continue
-                at = text.rfind(CPU) if not to_stderr else -1
-                if at >= 0 and _number(text[at + len(CPU):]) is not None:
-                    # the guard's CPU report (a line of its own, or after a partial line
-                    # of the command's that was written without its newline yet)
-                    self.cpu_report = (time.monotonic(), _number(text[at + len(CPU):]))
-                    if at == 0:
+                if not to_stderr:
+                    # the guard's CPU reports, and its last line with the exit code
+                    text, seconds = _guard_tail(text, CPU, _seconds)
+                    if seconds is not None:
+                        self.cpu_report = (time.monotonic(), seconds)
+                    text, code = _guard_tail(text, EXITED, _exit_code)
+                    if code is not None:
+                        self.reported_exit = code
+                    if not text and (seconds is not None or code is not None):
                         continue
-                    text = text[:at]
-                at = text.rfind(EXITED) if not to_stderr else -1
-                code = text[at + len(EXITED):].strip() if at >= 0 else ""
-                if code.isdigit():
-                    # the guard's last line (after a last line of the command's own without
-                    # a newline, it shares that line)
-                    self.reported_exit = int(code)
-                    if at == 0:
-                        continue
-                    text = text[:at]
                 if to_stderr and text.startswith(ERROR_PREFIX):
                     self.error_line = text[len(ERROR_PREFIX):]
                     if self._log is not None:
