@@ -301,10 +301,18 @@ def test_family_marks_the_first_step_at_each_new_load_level():
     each the reading is far from every earlier one (levels 35 apart, reading noise sd 3)."""
     first = []
     rows, oracle = bench.family(seed=3, T=200, ranks=1, first=first)
-    errs, new = first[0]
-    assert len(errs) == len(new) == 199
+    errs, new, floor = first[0]
+    assert len(errs) == len(new) == len(floor) == 199
     assert 100 * errs.mean() == pytest.approx(oracle)
     assert 1 <= new.sum() <= 2
     cpu = np.array([r[3] for r in rows])
     for t in np.flatnonzero(new):
         assert t == 0 or np.min(np.abs(cpu[t] - cpu[:t])) > 20
+    # the curve-free floor differs from the oracle only at the load's first switch, the
+    # first new level, where it repeats the last speed
+    speed = np.array([r[2] for r in rows])
+    blind = np.flatnonzero(floor != errs)
+    assert list(blind) == [np.flatnonzero(new)[0]]
+    t = blind[0]
+    assert floor[t] == pytest.approx(abs(speed[t + 1] - speed[t]) / speed[t + 1])
+    assert floor[t] > 0.2      # the load moved by a level: far beyond the 3 % noise
