@@ -111,6 +111,20 @@ SCALE = 0.1      # log-speed unit of the features and the target
 
 
 
+def _clip(x, lo, hi):
+    """np.clip without its Python-level checks (a few microseconds per call, and NARX's
+    observe is on the coordinator's critical path): the same numbers, NaN included."""
+    return np.minimum(np.maximum(x, lo), hi)
+
+
+def _median(x):
+    """np.median over axis 1 of finite values, by sorting (np.median's partition costs ~10x
+    more on the few dozen values here): the same numbers."""
+    k = x.shape[1]
+    s = np.sort(x, axis=1)
+    return s[:, k // 2] if k % 2 else (s[:, k // 2 - 1] + s[:, k // 2]) / 2.0
+
+
 def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values: np.ndarray,
                     window: int) -> np.ndarray:
     """One step of the running mean and variance of every entry of ``values`` (NaN: no
@@ -207,6 +221,8 @@ class NARX(Predictor):
         C = 3 + (U if self._kernel else 0)
         self._cand = np.full((n, C), np.nan)
         self._err = np.zeros((n, C))
+        self._handicaps = np.ones(C)                 # the learnt candidates' Occam factor
+        self._handicaps[[0] + list(range(3, C))] = 1.0 + self.handicap
         self._floor = np.full(n, np.nan)             # robust running error of the best
         self._forecast = np.full(n, np.nan)
 
@@ -252,7 +268,7 @@ class NARX(Predictor):
         self._update_stats(exog)
         sd = np.sqrt(self._var)
         sd = np.maximum(sd, 1e-2 * np.abs(self._mean) + 1e-6)
-        xn = np.clip((exog - self._mean) / sd, -CLIP, CLIP)
+        xn = _clip((exog - self._mean) / sd, -CLIP, CLIP)
         xn = np.where(np.isfinite(xn), xn, 0.0)
         raw = np.where(np.isfinite(exog), exog, 0.0)
         if self._count:
@@ -335,10 +351,13 @@ class NARX(Predictor):
             d *= d
             d *= -0.5
             w = np.exp(d, out=d)
-        both = np.stack([a, a * np.where(self._mem_ok, self._mem_v, 0.0)], axis=1)  # (n, 2, M)
-        total, near = np.moveaxis(np.matmul(both.astype(w.dtype), w).astype(float), 1, 0)
+        both = np.empty((a.shape[0], 2, a.shape[1]), dtype=w.dtype)             # (n, 2, M)
+        both[:, 0] = a
+        both[:, 1] = a * np.where(self._mem_ok, self._mem_v, 0.0)
+        sums = np.matmul(both, w).astype(float)
+        total, near = sums[:, 0], sums[:, 1]
         if self.prior > 0:
-            line = np.clip(self._line_v + self._line_slope * (u - self._line_u),
+            line = _clip(self._line_v + self._line_slope * (u - self._line_u),
                            self._line_lo, self._line_hi)
             mean = (near + self.prior * line) / (total + self.prior)
             return np.where(self._line_ok, mean, np.nan)
@@ -348,8 +367,14 @@ class NARX(Predictor):
     @staticmethod
     def _moments(u, v) -> np.ndarray:
         """(n, 5, U): 1, u, v, u^2, u v of pairs (u (n, U), v (n,))."""
-        v = np.broadcast_to(np.where(np.isfinite(v), v, 0.0)[:, None], u.shape)
-        return np.stack([np.ones_like(u), u, v, u * u, u * v], axis=1)
+        v = np.where(np.isfinite(v), v, 0.0)[:, None]
+        out = np.empty((u.shape[0], 5, u.shape[1]), dtype=np.result_type(u, v))
+        out[:, 0] = 1.0
+        out[:, 1] = u
+        out[:, 2] = v
+        out[:, 3] = u * u
+        out[:, 4] = u * v
+        return out
 
     def _refit(self) -> None:
         """Recompute the memory's weighted sums exactly (they are updated incrementally
@@ -369,10 +394,10 @@ class NARX(Predictor):
         widened by itself on each side."""
         n, U = self.num_workers, self._U
         k = min(self._dx_count, self.diff_window)
-        scale = np.median(self._dx[:, :k], axis=1) if k else np.zeros((n, self.num_exog))
+        scale = _median(self._dx[:, :k]) if k else np.zeros((n, self.num_exog))
         scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
-        self._h = self.bandwidth * np.tile(scale, (1, max(self.d_x, 1)))[:, :U]
-        s0, su, sv, suu, suv = np.moveaxis(self._sums, 1, 0)
+        self._h = self.bandwidth * np.concatenate([scale] * max(self.d_x, 1), axis=1)[:, :U]
+        s0, su, sv, suu, suv = (self._sums[:, i] for i in range(5))
         s0 = np.maximum(s0, 1e-300)
         mu, mv = su / s0, sv / s0
         var = np.maximum(suu / s0 - mu * mu, 0.0)
@@ -383,7 +408,7 @@ class NARX(Predictor):
         self._line_u, self._line_v = mu, mv
         self._line_slope = np.where(np.isfinite(slope), slope, 0.0)
         self._line_lo, self._line_hi = lo - (hi - lo), hi + (hi - lo)
-        self._line_ok = self._mem_ok.any(axis=1, keepdims=True) & np.ones((n, U), dtype=bool)
+        self._line_ok = np.repeat(self._mem_ok.any(axis=1, keepdims=True), U, axis=1)
 
     def _update_stats(self, values: np.ndarray) -> None:
         self._var = running_moments(self._seen, self._mean, self._var, values, self.norm_window)
@@ -396,7 +421,7 @@ class NARX(Predictor):
         e = target - np.einsum("nf,nf->n", phi, self._theta)
         scale = self._abs_err
         bound = self.clip_err * np.where(np.isfinite(scale), scale, np.inf)
-        e_used = np.where(ok, np.clip(e, -bound, bound), 0.0)
+        e_used = np.where(ok, _clip(e, -bound, bound), 0.0)
         rate = 1.0 / min(self._count, self.gate_window)
         self._abs_err = np.where(ok, np.where(np.isfinite(scale),
                                               scale + rate * (np.abs(e) - scale), np.abs(e)),
@@ -451,19 +476,19 @@ class NARX(Predictor):
         net = np.where(sane & ~warm, net, last)
         # a kernel unit's forecast is a weighted mean of remembered speeds: sane by design
         kernels = np.where(np.isfinite(kernels) & (kernels > 0) & ~warm, kernels, last[:, None])
-        cand = np.concatenate([np.stack([net, last, self._ema], axis=1), kernels], axis=1)
-        self._cand = cand
+        cand = self._cand = np.empty((len(last), 3 + kernels.shape[1]))
+        cand[:, 0], cand[:, 1], cand[:, 2], cand[:, 3:] = net, last, self._ema, kernels
         if warm:
             return last.copy()
         err = self._err.copy()
         if self.gate_regret:
             err += np.where(np.isfinite(self._floor), self._floor, 0.0)[:, None]
-        err[:, [0] + list(range(3, err.shape[1]))] *= 1.0 + self.handicap
+        err *= self._handicaps
         if np.isinf(self.gate_power):               # hard: the best one so far
             w = np.zeros_like(err)
             w[np.arange(len(w)), np.argmin(err, axis=1)] = 1.0
         else:
-            w = (err / err.min(axis=1, keepdims=True).clip(1e-18)) ** -self.gate_power
+            w = (err / np.maximum(err.min(axis=1, keepdims=True), 1e-18)) ** -self.gate_power
             w /= w.sum(axis=1, keepdims=True)
         out = (w * cand).sum(axis=1)
         return np.where(np.isfinite(out) & (out > 0), out, last)
