@@ -75,8 +75,9 @@ tuning seeds (100, 101) that differ from the reported ones (1, 2, 3); ``python
 benchmarks/predictors.py --tune`` scores the variants. Results and cost:
 benchmarks/results/predictors.md. Where the remaining gap to the oracle comes from (measured
 per phase on the tuning seeds): mostly the first switch of each trace to a load never seen,
-which no learner without the curve can forecast (it alone puts the floor at 1.04-1.18x the
-oracle on the families), then the first few switches while the gate gathers evidence.
+which no learner without the curve can forecast (the report's "curve-free floor": 1.03-1.20x
+the oracle on the families, the most at 1 % noise), then the first few switches while the
+gate gathers evidence.
 """
 from __future__ import annotations
 
