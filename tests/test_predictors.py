@@ -316,3 +316,17 @@ def test_family_marks_the_first_step_at_each_new_load_level():
     t = blind[0]
     assert floor[t] == pytest.approx(abs(speed[t + 1] - speed[t]) / speed[t + 1])
     assert floor[t] > 0.2      # the load moved by a level: far beyond the 3 % noise
+
+
+def test_narx_fast_helpers_compute_what_numpy_does():
+    """NARX's _median and _clip (numpy without its Python-level overhead, on the
+    coordinator's critical path) give np.median's and np.clip's numbers, NaN included."""
+    from mxlbbsp.predictors import narx
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 7, 32):
+        x = rng.normal(size=(3, k, 4))
+        assert np.array_equal(narx._median(x), np.median(x, axis=1))
+    x = np.array([[np.nan, -5.0, 0.3, 9.0]])
+    assert np.array_equal(narx._clip(x, -4.0, 4.0), np.clip(x, -4.0, 4.0), equal_nan=True)
+    lo, hi = np.array([[-1.0, 0.0, 0.0, 10.0]]), np.array([[1.0, np.inf, 0.1, 11.0]])
+    assert np.array_equal(narx._clip(x, lo, hi), np.clip(x, lo, hi), equal_nan=True)
