@@ -324,9 +324,28 @@ def test_narx_fast_helpers_compute_what_numpy_does():
     from mxlbbsp.predictors import narx
     rng = np.random.default_rng(0)
     for k in (1, 2, 7, 32):
-        x = rng.normal(size=(3, k, 4))
-        assert np.array_equal(narx._median(x), np.median(x, axis=1))
+        x = rng.normal(size=(3, 4, k))
+        assert np.array_equal(narx._median(x), np.median(x, axis=-1))
     x = np.array([[np.nan, -5.0, 0.3, 9.0]])
     assert np.array_equal(narx._clip(x, -4.0, 4.0), np.clip(x, -4.0, 4.0), equal_nan=True)
     lo, hi = np.array([[-1.0, 0.0, 0.0, 10.0]]), np.array([[1.0, np.inf, 0.1, 11.0]])
     assert np.array_equal(narx._clip(x, lo, hi), np.clip(x, lo, hi), equal_nan=True)
+
+
+def test_narx_refuses_a_state_of_the_older_memory_layout():
+    """A NARX state saved before the memory became (n, inputs, M) has the same sizes but
+    another order: loading it must fail (the coordinator then learns afresh), not scramble
+    the kernel units' memory."""
+    import json
+    a = predictors.create("narx", 2, 3)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a.observe(100 + rng.normal(0, 5, 2), rng.normal(50, 5, (2, 3)))
+        a.learn()
+    state = json.loads(json.dumps(a.state_dict()))
+    old = dict(state)
+    old["_mem_u"] = old.pop("_mem_in")
+    with pytest.raises(ValueError, match="older"):
+        predictors.create("narx", 2, 3).load_state_dict(old)
+    predictors.create("narx", 2, 3).load_state_dict(state)    # today's loads
+    assert "_scratch" not in state and "d" not in state       # work arrays are not state
