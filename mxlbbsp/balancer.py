@@ -257,10 +257,12 @@ def nanmedian_last(x) -> np.ndarray:
     the next split)."""
     x = np.sort(np.asarray(x, dtype=float), axis=-1)     # NaNs sort last
     count = (~np.isnan(x)).sum(axis=-1)
+    rows = x.reshape(-1, x.shape[-1])                    # plain indexing: take_along_axis
+    pick = np.arange(len(rows))                          # costs ~100 us more per call
 
     def at(index):
-        index = np.clip(index, 0, x.shape[-1] - 1)[..., None]
-        return np.take_along_axis(x, index, -1)[..., 0]
+        index = np.minimum(np.maximum(index, 0), x.shape[-1] - 1).reshape(-1)
+        return rows[pick, index].reshape(count.shape)
     return np.where(count > 0, (at((count - 1) // 2) + at(count // 2)) / 2, np.nan)
 
 
@@ -403,12 +405,11 @@ class AffineFit:
             if np.isfinite(pooled):
                 self.pooled_slope = pooled
                 ratio = mb[varied] / mt[varied]
-
-                def share(c):
-                    return float(np.clip(np.median(1.0 - max(c, 0.0) * ratio), 0.0, 1.0))
-                self.job_share = share(pooled)
-                self.job_share_low = share(pooled + 3 * se)
-                self.job_share_high = share(pooled - 3 * se)
+                # the share at the slope and at 3 standard errors either side, in one call
+                c = np.maximum(np.array([pooled, pooled + 3 * se, pooled - 3 * se]), 0.0)
+                shares = np.minimum(np.maximum(
+                    np.median(1.0 - c[:, None] * ratio, axis=1), 0.0), 1.0)
+                self.job_share, self.job_share_low, self.job_share_high = map(float, shares)
 
     def equal_split_bounds(self, equal_batch: float, recent: Optional[int] = None,
                            fixed_share: tuple = (0.0, 1.0)) -> tuple:
