@@ -226,3 +226,20 @@ def test_equal_split_bounds_hold_the_time_at_the_equal_batch_whatever_the_fixed_
     short = AffineFit(2)
     short.observe([32, 32], [0.01, 0.02])
     assert np.isnan(short.equal_split_bounds(32)[0]).all()   # one observation: cannot tell
+
+
+def test_nanmedian_last_is_numpys_nanmedian_without_its_cost():
+    """balancer.nanmedian_last (on the coordinator's critical path) gives np.nanmedian's
+    numbers along the last axis, NaN for a row with nothing left, for 1-, 2- and 3-D input."""
+    import warnings
+    from mxlbbsp.balancer import nanmedian_last
+    rng = np.random.default_rng(0)
+    for shape in [(7,), (8,), (5, 6), (3, 4, 9)]:
+        x = rng.normal(size=shape)
+        x[rng.random(shape) < 0.3] = np.nan
+        if len(shape) > 1:
+            x[(0,) * (len(shape) - 1)] = np.nan          # a row with nothing left
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = np.nanmedian(x, axis=-1)
+        assert np.array_equal(nanmedian_last(x), expected, equal_nan=True), shape
