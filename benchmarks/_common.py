@@ -6,6 +6,7 @@ so modes are interleaved round by round (ABBA order) and the ratio is taken per 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -14,6 +15,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -25,6 +27,20 @@ PY = sys.executable
 
 sys.path.insert(0, str(ROOT))
 from mxlbbsp import metrics as _metrics  # noqa: E402
+
+
+@contextlib.contextmanager
+def worktree(rev: str):
+    """The code of commit ``rev`` in a temporary git worktree, removed afterwards: for the
+    benchmarks' ``--baseline REV`` (the same measurement on older code, side by side)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT,
+                       check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
 def env() -> Dict[str, str]:

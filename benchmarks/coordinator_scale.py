@@ -32,6 +32,9 @@ first ``--skip`` are left out).
     python benchmarks/coordinator_scale.py --quick             # 16..1024 workers (~3 min)
     python benchmarks/coordinator_scale.py                     # 200 iterations (~5 min)
     python benchmarks/coordinator_scale.py --profile 256       # + where the time goes (~1 min)
+    python benchmarks/coordinator_scale.py --baseline REV --sizes 16,256 --arrivals spread
+                                       # this tree against commit REV's code, side by side
+    python benchmarks/coordinator_scale.py --predictors narx,ema --sizes 256  # likewise
 
 Placement (``--placement``): ``pinned`` (default) runs the coordinator's thread alone on the
 first core and the simulated workers on the others, as on a cluster, where the workers are
@@ -50,6 +53,7 @@ import os
 import pstats
 import secrets
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -425,6 +429,15 @@ def main():
                         "('' for none)")
     p.add_argument("--profile", type=int, metavar="N", action="append", default=[],
                    help="also profile the coordinator thread (cProfile) with N workers, burst")
+    p.add_argument("--predictors", metavar="A,B",
+                   help="instead: these predictors side by side (ABBA over --rounds) at "
+                        "--sizes with --arrivals, pinned; writes coordinator_scale_predictors")
+    p.add_argument("--baseline", metavar="REV",
+                   help="instead: this tree and the code of commit REV side by side (ABBA "
+                        "over --rounds) at --sizes with --arrivals, pinned; writes "
+                        "coordinator_scale_baseline_REV")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rounds of --predictors or --baseline (4)")
     p.add_argument("--client-smoke", action="store_true",
                    help="4 workers, 5 iterations, print the result (no file written)")
     args = p.parse_args()
@@ -434,6 +447,23 @@ def main():
     iters = args.iterations or (60 if args.quick else 200)
     sizes = [int(x) for x in args.sizes.split(",")]
     arrivals = [a.strip() for a in args.arrivals.split(",")]
+    if args.predictors:
+        variants = {name: (lambda n, a, name=name: measure(
+            n, iters, arrival=a, compute_ms=args.compute_ms, predictor=name))
+            for name in args.predictors.split(",")}
+        side_by_side(variants, sizes, arrivals, iters, args.rounds,
+                     "coordinator_scale_predictors", "predictor")
+        return
+    if args.baseline:
+        import _common as C
+        with C.worktree(args.baseline) as tree:
+            variants = {
+                "this tree": lambda n, a: measure(n, iters, arrival=a,
+                                                  compute_ms=args.compute_ms),
+                args.baseline: lambda n, a: in_tree(tree, n, a, iters, args.compute_ms)}
+            side_by_side(variants, sizes, arrivals, iters, args.rounds,
+                         f"coordinator_scale_baseline_{args.baseline}", "code")
+        return
     name = "coordinator_scale" + ("_quick" if args.quick else "")
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
     other = "shared" if args.placement == "pinned" else "pinned"
@@ -505,6 +535,55 @@ def main():
     C.write(name, {"iterations": iters, "load_at_start": load_at_start,
                    "predictor": results[0]["predictor"] if results else None,
                    "results": results, "breakdown_ms": breakdowns}, table)
+
+
+def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what) -> None:
+    """The same runs for each variant (label -> run(n, arrival) -> measure()'s result), in
+    ABBA order over ``rounds``, so that the machine's drift falls on all of them alike."""
+    import _common as C
+    import _suite as S
+    load_at_start = S.wait_for_quiet()
+    labels = list(variants)
+    runs = {}
+    for arrival in arrivals:
+        for n in sizes:
+            for r in range(rounds):
+                for label in (labels if r % 2 == 0 else labels[::-1]):
+                    C.progress(f"{n} workers, {arrival}, {label}, round {r + 1}/{rounds} "
+                               f"(load {S.load():.1f})")
+                    res = variants[label](n, arrival)
+                    res.pop("latency_per_iteration_ms", None)
+                    runs.setdefault(f"{n} {arrival}", {}).setdefault(label, []).append(res)
+                    C.progress(f"  p99 {res['latency_ms']['p99']:.2f} ms")
+    rows = [f"| workers, arrival | {what} | allocation latency p99 per round | median of "
+            "the rounds' p99 | median of the rounds' medians | server-side median | "
+            "coordinator CPU per iteration |", "|---|---|---|---|---|---|---|"]
+    for key, per in runs.items():
+        for label, rs in per.items():
+            p99 = [x["latency_ms"]["p99"] for x in rs]
+            rows.append(f"| {key} | {label} | {', '.join(f'{v:.2f}' for v in p99)} ms | "
+                        f"**{np.median(p99):.2f} ms** | "
+                        f"{np.median([x['latency_ms']['median'] for x in rs]):.2f} ms | "
+                        f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} ms | "
+                        f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms |")
+    table = (f"The runs of `coordinator_scale.py` (pinned, {iters} iterations, first 5 left "
+             f"out) for each {what} in turn, in ABBA order over {rounds} rounds, so that the "
+             f"machine's drift falls on all of them alike. Load average at start: "
+             f"{load_at_start:.2f}.\n\n" + "\n".join(rows))
+    C.write(name, {"iterations": iters, "rounds": rounds, "load_at_start": load_at_start,
+                   "runs": runs}, table)
+
+
+def in_tree(tree, n: int, arrival: str, iters: int, compute_ms: float) -> dict:
+    """One pinned run of ``tree``'s own coordinator_scale.py (its code: another commit's),
+    read back from the results it writes in that tree."""
+    subprocess.run([sys.executable, str(tree / "benchmarks" / "coordinator_scale.py"),
+                    "--quick", "--iterations", str(iters), "--sizes", str(n), "--arrivals",
+                    arrival, "--shared-sizes", "", "--compute-ms", str(compute_ms)],
+                   cwd=tree, check=True, capture_output=True)
+    out = json.loads((tree / "benchmarks" / "results" / "coordinator_scale_quick.json")
+                     .read_text())
+    return out["results"][0]
 
 
 def _breakdown_table(breakdowns: dict) -> str:

@@ -2,6 +2,7 @@
 
     python benchmarks/predictors.py            # families + recorded traces + cost per call
     python benchmarks/predictors.py --tune     # NARX variants on the tuning seeds only
+    python benchmarks/predictors.py --baseline REV   # + NARX's cost on REV's code, side by side
 
 Writes benchmarks/results/predictors.json and benchmarks/results/predictors.md (--tune:
 predictors_tune.json / .md).
@@ -38,6 +39,7 @@ import datetime  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -308,6 +310,73 @@ def cost(names, sizes=(1, 16, 256, 1024), num_exog=3) -> dict:
     return out
 
 
+#: NARX's CPU per call on the code of a tree (argv[1]), sizes argv[2]: run in its own process
+_COST_IN_TREE = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import mxlbbsp
+from mxlbbsp import predictors
+assert os.path.dirname(os.path.dirname(os.path.abspath(mxlbbsp.__file__))) == sys.argv[1]
+out = {}
+for n in json.loads(sys.argv[2]):
+    rng = np.random.default_rng(0)
+    p = predictors.create("narx", n, 3)
+    data = [(100 + rng.normal(0, 5, n), rng.normal(50, 5, (n, 3))) for _ in range(400)]
+    forecast, learn = [], []
+    for k, (speed, exog) in enumerate(data):
+        c0 = time.process_time()
+        p.observe(speed, exog)
+        p.predict()
+        c1 = time.process_time()
+        p.learn()
+        if k >= 100:
+            forecast.append(c1 - c0)
+            learn.append(time.process_time() - c1)
+    out[n] = [1e3 * float(np.median(forecast)), 1e3 * float(np.median(learn))]
+print(json.dumps(out))
+"""
+
+
+def cost_against(rev, sizes=(2, 16, 256, 1024), rounds=4) -> dict:
+    """NARX's CPU per call on this tree and on the code of ``rev`` (a temporary git worktree),
+    side by side: each in a process of its own, in ABBA order over ``rounds``; observe +
+    predict (on the coordinator's critical path) and learn (after the split is sent), median
+    over 300 calls per size after 100 warm-up calls, one BLAS thread."""
+    runs = {"this tree": [], rev: []}
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    import _common
+    with _common.worktree(rev) as tree:
+        for r in range(rounds):
+            order = [("this tree", ROOT), (rev, str(tree))]
+            for label, where in order if r % 2 == 0 else order[::-1]:
+                res = subprocess.run([sys.executable, "-c", _COST_IN_TREE, where,
+                                      json.dumps(list(sizes))], cwd=tree.parent, env=env,
+                                     capture_output=True, text=True, check=True)
+                runs[label].append(json.loads(res.stdout))
+            print(f"  round {r + 1}/{rounds}", flush=True)
+    return {"rev": rev, "sizes": list(sizes), "runs": runs}
+
+
+def _against_table(against) -> list:
+    rev, runs = against["rev"], against["runs"]
+    lines = [f"## NARX's cost against {rev}, side by side", "",
+             f"CPU ms per call, median over {len(runs[rev])} rounds in ABBA order (each "
+             "round: a process per tree, the median of 300 calls); ratio: "
+             f"{rev} / this tree, per round.", "",
+             f"| n | observe + predict: {rev} | this tree | ratio per round | "
+             f"learn: {rev} | this tree |", "|---|---|---|---|---|---|"]
+    for n in against["sizes"]:
+        old = [r[str(n)] for r in runs[rev]]
+        new = [r[str(n)] for r in runs["this tree"]]
+        ratios = ", ".join(f"{a[0] / b[0]:.2f}" for a, b in zip(old, new))
+        lines.append(f"| {n} | {np.median([o[0] for o in old]):.3f} | "
+                     f"{np.median([w[0] for w in new]):.3f} | {ratios} | "
+                     f"{np.median([o[1] for o in old]):.3f} | "
+                     f"{np.median([w[1] for w in new]):.3f} |")
+    return lines + [""]
+
+
 def _family_table(fam) -> list:
     lines = ["| family | lead | NARX / best | narx-adam / best | oracle / best | NARX / oracle "
              "| curve-free floor / oracle | NARX / oracle, levels seen before | best MAPE % "
@@ -401,6 +470,8 @@ def markdown(doc) -> str:
                 lines.append(f"| {name} | {n} | {c['cpu_ms_median']:.3f} | "
                              f"{c['cpu_ms_p99']:.3f} | {c['wall_ms_median']:.3f} | "
                              f"{c['wall_ms_p99']:.3f} | {c['cpu_us_per_worker']:.1f} |")
+    if doc.get("against"):
+        lines += [""] + _against_table(doc["against"])
     lines += ["", "## Traces", ""]
     for info in doc["recorded"]:
         tenants = "; ".join(f"{t['kind']} (duty {t.get('duty', 1.0):g}"
@@ -439,9 +510,12 @@ def main(argv=None) -> int:
     p.add_argument("--tune", action="store_true",
                    help="score NARX's variants on the tuning seeds (and nothing else)")
     p.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
+    p.add_argument("--baseline", metavar="REV",
+                   help="also NARX's cost on the code of this commit, side by side (~2 min)")
     args = p.parse_args(argv)
     command = "python benchmarks/predictors.py" + (" --tune" if args.tune else "") \
-        + (" --no-cost" if args.no_cost else "")
+        + (" --no-cost" if args.no_cost else "") \
+        + (f" --baseline {args.baseline}" if args.baseline else "")
     print(f"reproduce with: {command}", flush=True)
     os.makedirs(RESULTS, exist_ok=True)
     date = datetime.datetime.now().isoformat(timespec="seconds")
@@ -473,6 +547,9 @@ def main(argv=None) -> int:
     print("recorded traces ...", flush=True)
     doc["accuracy"] = accuracy(traces)
     doc["cost"] = {} if args.no_cost else cost(PREDICTORS)
+    if args.baseline:
+        print(f"NARX's cost against {args.baseline} ...", flush=True)
+        doc["against"] = cost_against(args.baseline)
     doc["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     with open(os.path.join(RESULTS, "predictors.json"), "w") as fh:
         json.dump(doc, fh, indent=1)

@@ -27,7 +27,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -112,16 +111,11 @@ def simulate(seeds, noise):
 
 def baseline(rev, seeds, noise):
     """The same simulation on the code of ``rev``, in a temporary worktree."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=ROOT,
-                       check=True)
-        try:
-            res = subprocess.run([sys.executable, __file__, "--simulate-in", str(tree),
-                                  "--seeds", str(seeds), "--noise", str(noise)],
-                                 capture_output=True, text=True, check=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+    import _common
+    with _common.worktree(rev) as tree:
+        res = subprocess.run([sys.executable, __file__, "--simulate-in", str(tree),
+                              "--seeds", str(seeds), "--noise", str(noise)],
+                             capture_output=True, text=True, check=True)
     return json.loads(res.stdout)
 
 
