@@ -250,7 +250,9 @@ class NARX(Predictor):
         return self._forecast.copy()
 
     def load_state_dict(self, state: dict) -> None:
-        if "_mem_u" in state:        # before 2026-11-24 the memory was (n, M, U), the ring (n, W, E)
+        # before 2026-11-24 the memory was _mem_u (n, M, U) and the ring (n, W, E): the same
+        # sizes in another order, which load_object_state would reshape without a word
+        if "_mem_u" in state:
             raise ValueError("narx: a state saved by an older mxlbbsp (another memory layout)")
         super().load_state_dict(state)
 
@@ -295,7 +297,8 @@ class NARX(Predictor):
         if self._kernel and self._count:             # remember (u_{t-1}, ly_t)
             k = self._mem_slot
             old = self._mem_ok[:, k] * self.recency ** self._mem_age[k]
-            self._sums -= old[:, None, None] * self._moments(self._mem_in[:, :, k], self._mem_v[:, k])
+            self._sums -= old[:, None, None] * self._moments(self._mem_in[:, :, k],
+                                                             self._mem_v[:, k])
             self._sums *= self.recency
             self._sums += good[:, None, None] * self._moments(self._xl_prev, ly)
             self._mem_in[:, :, k] = self._xl_prev
