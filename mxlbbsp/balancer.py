@@ -308,7 +308,7 @@ def pooled_slope(b, t, valid) -> tuple:
     start = per_point[np.isfinite(per_point)]
     if not start.size:
         return float("nan"), float("inf")
-    c0 = float(np.median(start))
+    c0 = float(nanmedian_last(start))        # np.median's number, at a fraction of its cost
     resid = np.where(valid, t - c0 * b, np.nan)
     resid -= nanmedian_last(resid)[:, None]
     scale = 1.4826 * float(nanmedian_last(np.abs(resid).ravel()))
@@ -389,11 +389,12 @@ class AffineFit:
         # A time that does not grow with the batch (slope <= 0 within the noise): all of it
         # is fixed cost, as far as this window can tell; clamped below like any estimate.
         intercept = np.where(slope > 0, intercept, mt)
-        self.intercept = np.where(fitted, np.clip(intercept, 0.0, self.max_share * tmin),
-                                  self.intercept)
+        self.intercept = np.where(fitted, np.minimum(np.maximum(intercept, 0.0),
+                                                     self.max_share * tmin), self.intercept)
         # the share of the mean time that the fit calls fixed, before the clamp (which
         # depends on the fastest iteration and so on the noise)
-        self.share = np.where(fitted, np.clip(intercept / mt, 0.0, 1.0), self.share)
+        self.share = np.where(fitted, np.minimum(np.maximum(intercept / mt, 0.0), 1.0),
+                              self.share)
         self.slope = np.where(fitted, slope, self.slope)
         self.mean_batch, self.mean_time = mb, mt
         # The job's fixed-cost share from one slope pooled over the workers' windows whose
