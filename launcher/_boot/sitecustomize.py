@@ -30,10 +30,10 @@ user's script. It
 
 What stays as before: scripts that catch their exceptions, ``sys.exit(0)``, ``sys.exit()``,
 a normal end (the normal finalize, barrier included), exceptions in other threads.
-Not covered (the launcher's stall detection is the backstop): a ``SystemExit`` kept alive in a reference cycle (freed only by a
-later garbage collection); a ``SystemExit`` raised by C code other than ``sys.exit`` (e.g.
-``_thread.exit``), and ``except SystemExit`` clauses do not catch such a plain one; a hang
-in native code; a Python started with ``-S``, ``-I`` or ``-E`` (no sitecustomize, or no
+Not covered (the launcher's stall detection is the backstop): a ``SystemExit`` kept alive in
+a reference cycle (freed only by a later garbage collection); a ``SystemExit`` raised by C
+code other than ``sys.exit`` (e.g. ``_thread.exit``), and ``except SystemExit`` clauses do not
+catch such a plain one; a hang in native code; a Python started with ``-S``, ``-I`` or ``-E`` (no sitecustomize, or no
 ``PYTHONPATH``). ``MXLBBSP_EXIT_HOOK=0`` in the environment (``--env``) turns the hook off.
 
 Only the standard library (and little of it): this runs in every Python process a worker
@@ -108,17 +108,19 @@ def _excepthook(previous):
             return
         if issubclass(exc_type, KeyboardInterrupt):
             _end(130, "KeyboardInterrupt")  # Python's own status for it is 128 + SIGINT
-        lines = [ln for ln in _format_only(exc_type, exc) if ln.strip()]
-        if issubclass(exc_type, SyntaxError):
-            lines = lines[-1:]         # the message (after the file, the code, the caret)
-        _end(1, " ".join(lines) or exc_type.__name__)
+        _end(1, _reason(exc_type, exc))
     hook.mxlbbsp_exit_hook = True
     return hook
 
 
-def _format_only(exc_type, exc):
+def _reason(exc_type, exc) -> str:
+    """The exception in one line, as the launcher shows why a worker ended."""
     import traceback                   # (a broken __str__ is handled there)
-    return "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
+    lines = [ln for ln in "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
+             if ln.strip()]
+    if issubclass(exc_type, SyntaxError):
+        lines = lines[-1:]             # the message (after the file, the code, the caret)
+    return " ".join(lines) or exc_type.__name__
 
 
 class SystemExit(_PlainSystemExit):    # noqa: A001 - replaces the builtin on purpose
@@ -165,9 +167,7 @@ def _uncaught_at_exit() -> None:
     where = top.f_globals.get("__name__")
     if not (where == "__main__" and top.f_code.co_name == "<module>") and where != "runpy":
         return                         # set by other code (e.g. the code module): not ours
-    lines = [ln for ln in _format_only(type(exc), exc) if ln.strip()]
-    _end(1, " ".join(lines[-1:] if isinstance(exc, SyntaxError) else lines)
-         or type(exc).__name__)
+    _end(1, _reason(type(exc), exc))
 
 
 def _thread_excepthook_ignoring_ours(previous):
