@@ -304,6 +304,17 @@ COLUMNS = ("cpu_percent", "mem_percent") + NAMES
 DEFAULT = ("others_cpu", "run_delay", "cpu_pressure")
 
 
+def _column_list(option: str, spec: str, available) -> tuple:
+    """The names of a comma-separated ``spec``; ValueError (one line) for one not in
+    ``available``."""
+    names = tuple(p.strip() for p in spec.split(","))
+    for name in names:
+        if name not in available:
+            raise ValueError(f"{option}: unknown column {name!r}; choose from "
+                             f"{', '.join(available)} (or auto, all, none)")
+    return names
+
+
 def parse_exog(spec: str, available=COLUMNS) -> tuple:
     """``--exog``: "auto" (the default inputs among ``available``, else all of them), "all"
     (every available column), "none", or a comma-separated list of column names.
@@ -319,11 +330,7 @@ def parse_exog(spec: str, available=COLUMNS) -> tuple:
     if spec == "auto":
         chosen = tuple(c for c in DEFAULT if c in available)
         return chosen or available
-    names = tuple(p.strip() for p in spec.split(","))
-    for name in names:
-        if name not in available:
-            raise ValueError(f"--exog: unknown column {name!r}; choose from "
-                             f"{', '.join(available)} (or auto, all, none)")
+    names = _column_list("--exog", spec, available)
     if len(set(names)) != len(names):
         raise ValueError(f"--exog {spec!r}: a column appears twice")
     return names
@@ -342,10 +349,6 @@ def parse_signals(spec: str, exog=()) -> tuple:
     elif spec == "none":
         chosen = ()
     else:
-        chosen = tuple(p.strip() for p in spec.split(","))
-        for name in chosen:
-            if name not in COLUMNS:
-                raise ValueError(f"--signals: unknown column {name!r}; choose from "
-                                 f"{', '.join(COLUMNS)} (or auto, all, none)")
+        chosen = _column_list("--signals", spec, COLUMNS)
     wanted = set(chosen) | set(exog)
     return tuple(c for c in COLUMNS if c in wanted)
