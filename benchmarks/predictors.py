@@ -256,7 +256,7 @@ def families(seeds, names=("narx", "narx-adam"), options=None, quiet=False) -> d
             orc.append(oracle)
             new = np.concatenate([f for _, f, _ in first])
             orc_seen.append(100 * np.mean(np.concatenate([e for e, _, _ in first])[~new]))
-            blind.append(100 * np.mean(np.concatenate([b for _, _, b in first])) / oracle)
+            blind.append(100 * np.mean(np.concatenate([fl for _, _, fl in first])) / oracle)
             y = np.concatenate([series.speed[1:] for series in trace.ranks.values()])
             for n in names:
                 opts = (options or {}).get(n, {})
