@@ -68,9 +68,6 @@ def test_tenants_switching_between_workers_do_not_send_a_compute_bound_job_to_eq
             assert (median <= 26) if slowed == 0 else (median >= 38), (seed, start, phase)
 
 
-@pytest.mark.cluster
-
-
 def records(path):
     """[{rank: (batch_size, compute_s)}] per iteration, in order."""
     by_iter = {}
@@ -80,6 +77,7 @@ def records(path):
     return [by_iter[t] for t in sorted(by_iter)]
 
 
+@pytest.mark.cluster
 def test_auto_keeps_two_equal_workers_near_an_equal_split(tmp_path):
     metrics = tmp_path / "m.jsonl"
     r = run_mxlbbsp("launch", "-n", 2, "--metrics", metrics, "--progress", "0", "--", PY,
@@ -89,39 +87,42 @@ def test_auto_keeps_two_equal_workers_near_an_equal_split(tmp_path):
     its = records(metrics)
     assert len(its) == 120
     ratios = [max(b for b, _ in it.values()) / min(b for b, _ in it.values()) for it in its]
-    # Once the fixed cost is identified (the first tens of iterations) the split stays equal,
-    # but two processes on two shared cores are not always equal: the launcher, a server or
-    # another program can make one of them measurably slower for a while, and then auto
-    # rightly gives it fewer samples. So: after iteration 30, the split stays beyond 1.5:1
-    # (3 iterations or more) only when the worker that gets fewer samples was measured
-    # clearly slower (1.3x, mean of its last 8 iterations at the equal split), and it comes
-    # back to the equal split to check within coordinator.RETRY_EQUAL + SPEED_WINDOW
-    # iterations.
+    # No drift: after the first 30 iterations, a split beyond 1.5:1 comes back to the equal
+    # split to check within coordinator.RETRY_EQUAL + SPEED_WINDOW iterations.
     for start, length in uneven_runs(ratios, 1.5, first=30):
         assert length <= RETRY_EQUAL + SPEED_WINDOW, (start, length, ratios)
-        if length < 3:
+    # Two processes on two shared cores are not always equal: the launcher, a server or
+    # another program can make one of them measurably slower for a while, and then auto
+    # rightly gives it fewer samples. So every uneven episode that begins after the first 30
+    # iterations (by then the fixed cost is identified; before, the linear model balances
+    # noise by design) must be earned: the worker given fewer samples took 1.3x the other's
+    # time (median) over the SPEED_WINDOW iterations before it (the coordinator asks 1.5x at
+    # every fixed share the fit allows). An episode is a stretch beyond 1.5:1 with dips of
+    # fewer than SPEED_WINDOW iterations below: the balancing goes on through a dip.
+    for start, length in uneven_runs(ratios, 1.5, first=30, gap=SPEED_WINDOW):
+        if start < 30 or length < 3:
             continue
-        before = [it for it, ratio in zip(its[:start], ratios[:start]) if ratio == 1.0][-8:]
-        assert len(before) >= 4, (start, ratios)
+        before = its[start - SPEED_WINDOW:start]
         fewer = min(its[start], key=lambda rank: its[start][rank][0])
         other = 1 - fewer
-        slower = np.mean([it[fewer][1] for it in before]) / \
-            np.mean([it[other][1] for it in before])
+        slower = np.median([it[fewer][1] for it in before]) / \
+            np.median([it[other][1] for it in before])
         assert slower >= 1.3, (start, slower, ratios)
 
 
-def uneven_runs(ratios, limit, first):
+def uneven_runs(ratios, limit, first, gap=1):
     """(start, length) of every run of iterations beyond ``limit``:1 that reaches past
-    ``first`` (a run's start may be earlier)."""
-    runs, start = [], None
-    for t, ratio in enumerate(ratios + [1.0]):
-        if ratio > limit and start is None:
-            start = t
-        elif ratio <= limit and start is not None:
-            if t > first:
-                runs.append((start, t - start))
-            start = None
-    return runs
+    ``first`` (a run's start may be earlier); runs less than ``gap`` iterations apart count
+    as one."""
+    runs = []
+    for t, ratio in enumerate(ratios):
+        if ratio <= limit:
+            continue
+        if runs and t - (runs[-1][0] + runs[-1][1]) < gap:
+            runs[-1][1] = t + 1 - runs[-1][0]
+        else:
+            runs.append([t, 1])
+    return [(start, length) for start, length in runs if start + length > first]
 
 
 def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
