@@ -271,6 +271,16 @@ def nanmedian_last(x) -> np.ndarray:
 POOLED_WORKERS = 32
 
 
+def _std_rows(x, valid) -> np.ndarray:
+    """Per row, the standard deviation of the valid values: ``np.nanstd`` of them, the same
+    number by the same steps, without its generic machinery (~0.3 ms on 256 x 32)."""
+    count = valid.sum(axis=1, keepdims=True)
+    x = np.where(valid, x, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dev = np.where(valid, x - x.sum(axis=1, keepdims=True) / count, 0.0)
+        return np.sqrt((dev * dev).sum(axis=1) / count[:, 0])
+
+
 def pooled_slope(b, t, valid) -> tuple:
     """One slope (seconds per sample) for several workers' windows, robust to outliers, and
     its standard error: (slope, se).
@@ -297,7 +307,7 @@ def pooled_slope(b, t, valid) -> tuple:
     """
     b, t, valid = np.asarray(b, float), np.asarray(t, float), np.asarray(valid, bool)
     if len(b) > POOLED_WORKERS:
-        spread = np.nanstd(np.where(valid, b, np.nan), axis=1)
+        spread = _std_rows(b, valid)
         keep = np.argsort(-spread, kind="stable")[:POOLED_WORKERS]
         b, t, valid = b[keep], t[keep], valid[keep]
     db = b[:, :, None] - b[:, None, :]
@@ -409,7 +419,7 @@ class AffineFit:
                 # the share at the slope and at 3 standard errors either side, in one call
                 c = np.maximum(np.array([pooled, pooled + 3 * se, pooled - 3 * se]), 0.0)
                 shares = np.minimum(np.maximum(
-                    np.median(1.0 - c[:, None] * ratio, axis=1), 0.0), 1.0)
+                    nanmedian_last(1.0 - c[:, None] * ratio), 0.0), 1.0)
                 self.job_share, self.job_share_low, self.job_share_high = map(float, shares)
 
     def equal_split_bounds(self, equal_batch: float, recent: Optional[int] = None,

@@ -243,3 +243,20 @@ def test_nanmedian_last_is_numpys_nanmedian_without_its_cost():
             warnings.simplefilter("ignore", RuntimeWarning)
             expected = np.nanmedian(x, axis=-1)
         assert np.array_equal(nanmedian_last(x), expected, equal_nan=True), shape
+
+
+def test_std_rows_is_numpys_nanstd():
+    """balancer._std_rows (which workers pooled_slope keeps, at more than POOLED_WORKERS)
+    gives np.nanstd's numbers bit for bit, NaN for a row with nothing valid: the same workers
+    are kept, so the same slope."""
+    import warnings
+    from mxlbbsp.balancer import _std_rows
+    rng = np.random.default_rng(0)
+    for rows, cols in [(1, 1), (3, 8), (40, 32), (256, 32)]:
+        b = rng.integers(1, 80, size=(rows, cols)) * rng.uniform(0.5, 2.0)
+        valid = rng.random((rows, cols)) < 0.8
+        valid[0] = False                                  # a row with nothing valid
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = np.nanstd(np.where(valid, b, np.nan), axis=1)
+        assert np.array_equal(_std_rows(b, valid), expected, equal_nan=True), (rows, cols)
