@@ -281,11 +281,14 @@ def _std_rows(x, valid) -> np.ndarray:
         return np.sqrt((dev * dev).sum(axis=1) / count[:, 0])
 
 
-def pooled_slope(b, t, valid) -> tuple:
+def pooled_slope(b, t, valid, spread=None) -> tuple:
     """One slope (seconds per sample) for several workers' windows, robust to outliers, and
     its standard error: (slope, se).
 
-    ``b``, ``t``, ``valid``: (workers, window) batch sizes, times, and which are observed.
+    ``b``, ``t``, ``valid``: (workers, window) batch sizes, times, and which are observed;
+    ``spread``: each row's standard deviation of its valid batch sizes, if the caller has it
+    (AffineFit.observe does; else computed here, the same numbers), which picks the rows kept
+    beyond POOLED_WORKERS.
     Two steps. A robust start: every pair of observations of one worker with different batch
     sizes gives a slope (t_j - t_k) / (b_j - b_k); each observation's median slope to the
     others, then the median of those over all workers' observations (Siegel's repeated
@@ -307,7 +310,7 @@ def pooled_slope(b, t, valid) -> tuple:
     """
     b, t, valid = np.asarray(b, float), np.asarray(t, float), np.asarray(valid, bool)
     if len(b) > POOLED_WORKERS:
-        spread = _std_rows(b, valid)
+        spread = _std_rows(b, valid) if spread is None else np.asarray(spread, float)
         keep = np.argsort(-spread, kind="stable")[:POOLED_WORKERS]
         b, t, valid = b[keep], t[keep], valid[keep]
     db = b[:, :, None] - b[:, None, :]
@@ -393,7 +396,8 @@ class AffineFit:
             sbb = (db * db).sum(axis=1)
             slope = (db * dt).sum(axis=1) / sbb
             intercept = mt - slope * mb
-            spread = np.sqrt(sbb / count) / mb
+            sd = np.sqrt(sbb / count)           # the batch sizes' spread, in samples
+            spread = sd / mb
         tmin = np.where(valid, t, np.inf).min(axis=1)
         fitted = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept)
         # A time that does not grow with the batch (slope <= 0 within the noise): all of it
@@ -412,7 +416,7 @@ class AffineFit:
         # far less noisy. While no window varies, the last estimate and its bounds hold.
         varied = (count >= 4) & (spread >= self.min_spread)
         if varied.any():
-            pooled, se = pooled_slope(b[varied], t[varied], valid[varied])
+            pooled, se = pooled_slope(b[varied], t[varied], valid[varied], sd[varied])
             if np.isfinite(pooled):
                 self.pooled_slope = pooled
                 ratio = mb[varied] / mt[varied]

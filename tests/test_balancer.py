@@ -260,3 +260,13 @@ def test_std_rows_is_numpys_nanstd():
             warnings.simplefilter("ignore", RuntimeWarning)
             expected = np.nanstd(np.where(valid, b, np.nan), axis=1)
         assert np.array_equal(_std_rows(b, valid), expected, equal_nan=True), (rows, cols)
+    # AffineFit.observe hands pooled_slope the spreads it has already computed: the same
+    # workers kept, the same slope as pooled_slope computing them itself
+    from mxlbbsp.balancer import AffineFit, POOLED_WORKERS, pooled_slope
+    n = POOLED_WORKERS + 8
+    fit = AffineFit(n)
+    for _ in range(12):
+        batch = rng.integers(10, 60, n).astype(float)
+        fit.observe(batch, 0.002 + 1e-4 * batch * rng.lognormal(0, 0.1, n))
+    valid = np.isfinite(fit._t)
+    assert fit.pooled_slope == pooled_slope(fit._b, fit._t, valid)[0]
