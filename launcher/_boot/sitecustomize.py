@@ -33,8 +33,9 @@ a normal end (the normal finalize, barrier included), exceptions in other thread
 Not covered (the launcher's stall detection is the backstop): a ``SystemExit`` kept alive in
 a reference cycle (freed only by a later garbage collection); a ``SystemExit`` raised by C
 code other than ``sys.exit`` (e.g. ``_thread.exit``), and ``except SystemExit`` clauses do not
-catch such a plain one; a hang in native code; a Python started with ``-S``, ``-I`` or ``-E`` (no sitecustomize, or no
-``PYTHONPATH``). ``MXLBBSP_EXIT_HOOK=0`` in the environment (``--env``) turns the hook off.
+catch such a plain one; a hang in native code; a Python started with ``-S``, ``-I`` or
+``-E`` (no sitecustomize, or no ``PYTHONPATH``). ``MXLBBSP_EXIT_HOOK=0`` in the environment
+(``--env``) turns the hook off.
 
 Only the standard library (and little of it): this runs in every Python process a worker
 starts.
