@@ -476,12 +476,13 @@ class Job:
         waiting = self.coordinator.waiting()
         stopped = [w.rank for w in self.workers if w.stopped()]
         note = f" ({_ranks(stopped)} stopped, e.g. SIGSTOP)" if stopped else ""
+        its = "its" if len(list(waiting.ranks)) == 1 else "their"
         if waiting.what == "hello":
-            return (f"{_ranks(waiting.ranks)} never registered with the coordinator (its "
+            return (f"{_ranks(waiting.ranks)} never registered with the coordinator ({its} "
                     f"mxlbbsp.DataLoader never started){note}")
         t = waiting.iteration
         if waiting.what == "report":
-            return f"{_ranks(waiting.ranks)} never sent its report of iteration {t}{note}"
+            return f"{_ranks(waiting.ranks)} never sent {its} report of iteration {t}{note}"
         return (f"every report of iteration {t} is in, but the push/pull of "
                 f"{_ranks(waiting.ranks)} never finished (a worker, a server or the network "
                 f"hangs){note}")

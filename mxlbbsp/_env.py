@@ -91,9 +91,10 @@ class EnvError(RuntimeError):
     """A variable of the contract is missing or malformed."""
 
 
-def refuse(exc: EnvError) -> SystemExit:
-    """Bad input in a worker's environment: one line on stderr, and SystemExit(2) to raise
-    (no traceback)."""
+def refuse(exc) -> SystemExit:
+    """Bad input in a worker's environment, or a script that uses mxlbbsp wrongly inside a
+    job (an exception or its text): one line on stderr, and SystemExit(2) to raise (no
+    traceback; the launcher says the line once, in its own)."""
     sys.stderr.write(f"mxlbbsp: error: {exc}\n")
     sys.stderr.flush()
     return SystemExit(2)

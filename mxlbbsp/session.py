@@ -65,6 +65,12 @@ class CoordinatorLost(RuntimeError):
     """The connection to the coordinator broke (the launcher died or the network failed)."""
 
 
+def misuse(message: str) -> SystemExit:
+    """A script that uses mxlbbsp wrongly inside a job: one line, then SystemExit(2) to raise
+    (the job ends at once, and the launcher names the worker and the line)."""
+    return _env.refuse(message)
+
+
 def current() -> Optional["Session"]:
     """The session of this process, if a DataLoader has opened one."""
     return _session
@@ -306,6 +312,13 @@ class Session:
         with self._cond:
             if self._failure is not None:      # the job failed: stop here, in every mode
                 raise JobAborted(self._failure)
+        if self.coordinated and self.first_iteration <= self.iteration != self.reported:
+            # the coordinator waits for that report before it answers: the job would stall
+            raise misuse(
+                f"iteration {self.iteration} of mxlbbsp.DataLoader ended without "
+                "mxlbbsp.Trainer.step(), so the coordinator never heard of it; use "
+                "mxlbbsp.Trainer with mxlbbsp.DataLoader (a plain gluon.Trainer does not "
+                "report), and call step() once per batch")
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start

@@ -27,14 +27,15 @@ update on the servers). The bytes moved are the same (push gradients, pull a sum
 pull weights); the normaliser is simply set on the local optimizer every step, so the
 ``N0 / N(t)`` gradient scaling is needed only in ``asp`` (dist_async updates on the servers).
 
-One model on every worker. BatchNorm's running mean and variance (every parameter declared
-not differentiable) are updated by each worker from its own local batch. After every step
-they are combined: each worker pushes ``b_i(t) * stats_i`` (one flat array under one extra
-kvstore key), pulls the sum and divides by B(t). When the workers agreed before the step
-(they do: they start identical and are combined every step), the combined running mean is
-exactly the one a single process computes on the whole batch (the EMA is linear in the batch
-mean); the combined running variance misses the between-worker part of the batch variance,
-``(1 - momentum) * sum_i b_i/B (mean_i - mean)^2``, see docs/ARCHITECTURE.md.
+One model on every worker, and one process's. BatchNorm's running mean and variance (every
+parameter declared not differentiable) are updated by each worker from its own local batch.
+They are kept out of Gluon's initial broadcast (which would hand every worker one worker's
+already-updated statistics) and combined after every step into exactly the whole global
+batch's, variance included (:meth:`Trainer._combine_aux`; docs/ARCHITECTURE.md, Exactness).
+
+``step(n)``: inside a job ``step(len(data))`` and a constant ``step(global_batch_size)`` mean
+what they mean in one process; any other ``n`` stops the job with one line (:meth:`step`).
+``allreduce_grads()`` + ``update(n)`` are the two halves of ``step(n)``.
 
 Checkpoints: :meth:`Trainer.save_checkpoint`, and periodically when the launcher sets
 ``--checkpoint-every`` (rank 0 writes, after the step); a job started with ``--resume`` loads
@@ -46,13 +47,17 @@ and again after the push/pull.
 """
 from __future__ import annotations
 
-from typing import Optional
+import gc
+import logging
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 from mxnet import gluon, nd
 
 from . import _env
 from . import session as _session
+
+log = logging.getLogger(__name__)
 
 
 class Trainer(gluon.Trainer):
@@ -78,8 +83,13 @@ class Trainer(gluon.Trainer):
         # the running statistics (BatchNorm's): not differentiable, not just frozen
         self._aux = [p for p in self._params if not getattr(p, "_differentiable", True)]
         self._aux_key = len(self._params)     # kvstore key of the combined statistics
-        self._aux_ready = False
+        self._aux_set = set(self._aux)
+        self._aux_keys = set()                # kvstore keys of the statistics, once initialised
+        self._stats_ref = None                # the statistics this trainer set last (float64)
+        self._layout = None                   # how the statistics combine (_stats_layout)
         self.sync_aux = True                  # combine BatchNorm statistics after each step
+        self._reduced = False                 # allreduce_grads() done, update() to come
+        self._noted = False                   # the step(len(data)) note was given
         self._ckpt_dir = _env.checkpoint_dir()
         self._ckpt_every = _env.checkpoint_every()
         resume = _env.resume()
@@ -88,29 +98,108 @@ class Trainer(gluon.Trainer):
             checkpoint.load_trainer(self, resume)
 
     def _normalisers(self, batch_size):
-        """(N(t), N0) for this step; see the module docstring."""
+        """(N(t), N0) for this step (see :meth:`step`): the mode's normalisers, divided by
+        the learning-rate factor of a global batch chosen as the job runs (courier's
+        --lr-scaling, folded into the gradient's scale on the workers and in a replay alike;
+        with weight decay, the decay term keeps the base learning rate)."""
+        norm, nominal, ours = self._read_batch_size(batch_size)
         sess = _session.current()
-        if batch_size is not None:
-            if batch_size <= 0:
-                raise ValueError(f"batch_size must be positive, got {batch_size}")
-            return float(batch_size), float(self._baked or batch_size)
+        if ours and sess is not None:
+            norm /= sess.lr_factor()
+        return norm, nominal
+
+    def _read_batch_size(self, batch_size):
+        """(N(t), N0, whether the session's normalisers apply)."""
+        sess = _session.current()
+        in_job = sess is not None and sess.coordinated
         if sess is None or sess.iteration < 0:
-            raise ValueError("Trainer.step() needs a batch_size unless the batches come from "
-                             "an mxlbbsp.DataLoader")
-        return sess.mode.normalisers(sess)
+            if _env.coordinator() is not None and _env.role() == "worker":
+                raise _session.misuse(
+                    "mxlbbsp.Trainer.step() in a job whose batches do not come from an "
+                    "mxlbbsp.DataLoader: the loader splits each global batch among the workers; "
+                    "use mxlbbsp.Trainer with mxlbbsp.DataLoader (or gluon.Trainer for a plain "
+                    "MXNet script)")
+            if batch_size is None:
+                raise ValueError("Trainer.step() needs a batch_size unless the batches come "
+                                 "from an mxlbbsp.DataLoader")
+        if batch_size is not None and batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if sess is None or sess.iteration < 0:
+            return float(batch_size), float(self._baked or batch_size), False
+        if batch_size is None:
+            return (*sess.mode.normalisers(sess), True)
+        norm, nominal = sess.mode.normalisers(sess)
+        n = batch_size
+        if n == sess.batch_local or n == sess.batch_global:
+            # the Gluon idiom step(len(data)), or the global batch of the iteration: what a
+            # single process passes here is B(t), so this is step()
+            if in_job and n != sess.batch_global and not self._noted:
+                self._noted = True
+                log.warning("mxlbbsp: note: trainer.step(%s) inside a job: %s is this worker's "
+                            "share of the global batch; the update is normalised by the global "
+                            "batch of each iteration, as in one process (write trainer.step())",
+                            n, n)
+            return norm, nominal, True
+        if n == sess.global_batch_size and norm == sess.batch_global:
+            # a constant global batch size (gluoncv's step(batch_size)): one process divides
+            # the epoch's short last batch by it too
+            return float(n), nominal, False
+        if in_job:
+            raise _session.misuse(
+                f"trainer.step({n}) at iteration {sess.iteration}: {n} is neither this worker's "
+                f"batch ({sess.batch_local}) nor the global batch ({sess.batch_global}), so the "
+                "workers' gradients cannot be combined as one process would; write "
+                "trainer.step() and make the loss a per-sample vector (no mean over the batch)")
+        return float(n), float(self._baked or n), False
 
     def step(self, batch_size=None, ignore_stale_grad=False):
-        """Push this worker's gradients, pull the new parameters: one LB-BSP iteration.
+        """Push this worker's gradients, pull their sum, update: one LB-BSP iteration.
 
-        ``batch_size``: leave it out inside a job (the iteration's global batch is used);
-        give it when the data does not come from an :class:`mxlbbsp.DataLoader`.
+        ``batch_size``: leave it out inside a job (the iteration's global batch is used).
+        Gluon's ``step(len(data))`` and a constant ``step(global_batch_size)`` mean the same
+        inside a job as in one process, so they are taken as ``step()`` (with a one-time note
+        for the first); any other number inside a job stops it with one line, since the
+        workers' gradients could not be combined as one process would. In a single process
+        without an :class:`mxlbbsp.DataLoader`, ``batch_size`` is Gluon's.
         """
-        sess = _session.current()
         norm, nominal = self._normalisers(batch_size)
-        # A global batch chosen as the job runs (courier) brings its learning rate along
-        # (--lr-scaling): folded into the gradient's scale, on the workers and in a replay
-        # alike. With weight decay, the decay term keeps the base learning rate.
-        norm /= sess.lr_factor() if sess is not None and batch_size is None else 1.0
+        self._reduce(norm, nominal)
+        self._apply(norm, ignore_stale_grad)
+
+    def allreduce_grads(self):
+        """Gluon's first half of :meth:`step` (e.g. to clip the summed gradients), then
+        :meth:`update`. Not with an optimizer on the servers (``asp``, ``r2sp``)."""
+        if self._kvstore and self._update_on_kvstore:
+            raise ValueError("allreduce_grads() is not supported when parameters are updated "
+                             "on the kvstore (--sync asp/r2sp); use step()")
+        sess = _session.current()
+        norm = nominal = 1.0         # only asp's pre-scaling needs them, refused above
+        if sess is not None and sess.iteration >= 0:
+            norm, nominal = sess.mode.normalisers(sess)
+        self._reduce(norm, nominal)
+        self._reduced = True
+
+    def update(self, batch_size=None, ignore_stale_grad=False):
+        """Gluon's second half of :meth:`step`, after :meth:`allreduce_grads`; ``batch_size``
+        as in :meth:`step`."""
+        if self._kvstore and self._update_on_kvstore:
+            raise ValueError("update() is not supported when parameters are updated on the "
+                             "kvstore (--sync asp/r2sp); use step()")
+        norm, _ = self._normalisers(batch_size)
+        sess = _session.current()
+        if not self._reduced:
+            if sess is not None and sess.coordinated:
+                raise _session.misuse(
+                    "trainer.update() without trainer.allreduce_grads() first: the workers' "
+                    "gradients were never summed; call allreduce_grads() before update(), or "
+                    "write trainer.step()")
+            self._reduce(norm, norm)
+        self._apply(norm, ignore_stale_grad)
+
+    def _reduce(self, norm, nominal):
+        """Gradients ready (timed, reported), the mode's wait, the first step's set-up, then
+        the push/pull."""
+        sess = _session.current()
         if sess is not None:
             nd.waitall()
             sess.gradients_ready()
@@ -127,9 +216,11 @@ class Trainer(gluon.Trainer):
                     if param.grad_req != "null":
                         for grad in param.list_grad():
                             grad *= factor
-        else:
-            self._optimizer.rescale_grad = self._scale / norm
         if self._params_to_init:
+            # Not the running statistics: Gluon would broadcast one worker's, which its first
+            # forward pass has already updated from its own batch, over everybody's. They
+            # start equal on every worker (initialiser or checkpoint) and are combined below.
+            self._params_to_init = [p for p in self._params_to_init if p not in self._aux_set]
             self._init_params()
             if self._distributed and not self._update_on_kvstore:
                 # The initial pull of the parameters must be done before this worker pushes
@@ -137,6 +228,13 @@ class Trainer(gluon.Trainer):
                 # complete a round first, and the pull returns a gradient sum instead.
                 nd.waitall()
         self._allreduce_grads()
+
+    def _apply(self, norm, ignore_stale_grad):
+        """The optimizer's update, the running statistics combined, the step's end."""
+        sess = _session.current()
+        if not (self._distributed and self._update_on_kvstore):
+            self._optimizer.rescale_grad = self._scale / norm
+        self._reduced = False
         self._update(ignore_stale_grad)
         if sess is not None and self._distributed and not self._update_on_kvstore:
             self._combine_aux(sess.batch_local, sess.batch_global)
@@ -170,23 +268,88 @@ class Trainer(gluon.Trainer):
     # ---- one model on every worker ------------------------------------------------------
 
     def _combine_aux(self, local: int, total: int) -> None:
-        """Running statistics := sum_i b_i * stats_i / B over the workers (module docstring)."""
+        """Running statistics := those of one process on the whole global batch.
+
+        Every worker starts the step with the same statistics and updates them from its own
+        b_i samples: mean_i = m * mean0 + (1 - m) * mu_i, and var_i likewise with its local
+        batch variance (MXNet keeps the biased one, divided by the batch). With a reference
+        r the same on every worker (the statistics this trainer set last), each worker pushes
+        b_i * (mean_i - r), b_i * (var_i - r_var) and b_i * (mean_i - r)^2; from the sums S1,
+        S2, S3 over the workers::
+
+            mean = r + S1 / B                                     (linear in the batch mean)
+            var  = r_var + S2 / B + (S3 / B - (S1 / B)^2) / (1 - m)
+
+        since mean_i - mean = (1 - m)(mu_i - mu), and the global batch's variance is the
+        b_i-weighted mean of the local variances plus that of (mu_i - mu)^2, the spread of the
+        local means. Centred on r the pushed values are small, so float32 (the servers sum
+        in float32 whatever the dtype) loses nothing that matters. Statistics of a layer
+        whose momentum is unknown (not a Gluon BatchNorm) get the linear rule alone.
+        """
         if not self.sync_aux or not self._aux or self._aux[0]._data is None:
             return
-        arrays = [p.data() for p in self._aux]
-        flat = nd.concat(*[a.reshape((-1,)) for a in arrays], dim=0)
-        if not self._aux_ready:
-            self._kvstore.init(self._aux_key, nd.zeros_like(flat))
-            self._aux_ready = True
-        flat *= float(local)
-        self._kvstore.push(self._aux_key, flat)
-        self._kvstore.pull(self._aux_key, out=flat)
-        flat /= float(total)
-        start = 0
-        for a in arrays:
-            size = int(np.prod(a.shape))
-            a[:] = flat[start:start + size].reshape(a.shape)
-            start += size
+        layout = self._stats_layout()
+        values = [p.data().asnumpy().astype(np.float64).ravel() for p in self._aux]
+        if self._stats_ref is None:
+            # the first step of this process: a reference the workers share, by one more
+            # round trip (any common value is exact; a close one keeps the precision)
+            self._stats_ref = [v / total for v in self._allreduce_aux(
+                [v * local for v in values], key_offset=1)]
+        ref = self._stats_ref
+        centred = [v - r for v, r in zip(values, ref)]
+        squares = [centred[pair.mean] ** 2 for pair in layout]
+        sums = [s / total for s in self._allreduce_aux([c * local for c in centred + squares])]
+        combined = [r + s for r, s in zip(ref, sums[:len(values)])]
+        for pair, square in zip(layout, sums[len(values):]):
+            if pair.momentum < 1.0:
+                shift = sums[pair.mean]
+                spread = np.maximum(square - shift ** 2, 0.0)
+                combined[pair.var] = combined[pair.var] + spread / (1.0 - pair.momentum)
+        self._stats_ref = []
+        for p, value in zip(self._aux, combined):
+            data = nd.array(value.reshape(p.shape), dtype=p.dtype)
+            p.set_data(data)
+            self._stats_ref.append(data.asnumpy().astype(np.float64).ravel())
+
+    def _allreduce_aux(self, parts: List[np.ndarray], key_offset: int = 0) -> List[np.ndarray]:
+        """The sums over the workers of ``parts`` (float64 here, float32 on the wire)."""
+        flat = nd.array(np.concatenate(parts), dtype="float32")
+        key = self._aux_key + key_offset
+        if key not in self._aux_keys:
+            self._kvstore.init(key, nd.zeros(flat.shape, dtype="float32"))
+            self._aux_keys.add(key)
+        self._kvstore.push(key, flat)
+        self._kvstore.pull(key, out=flat)
+        sums = flat.asnumpy().astype(np.float64)
+        return np.split(sums, np.cumsum([len(part) for part in parts])[:-1])
+
+    def _stats_layout(self) -> List["_StatsPair"]:
+        """The (running mean, running variance, momentum) of each BatchNorm layer of ours.
+
+        The momentum lives on the layer, not on its parameters, and the trainer is given
+        parameters only: the layers are found once among the live Gluon blocks.
+        """
+        if self._layout is not None:
+            return self._layout
+        from mxnet.gluon import Block
+        index = {id(p): i for i, p in enumerate(self._aux)}
+        layout = []
+        for obj in gc.get_objects():
+            if not isinstance(obj, Block):
+                continue
+            mean, var = getattr(obj, "running_mean", None), getattr(obj, "running_var", None)
+            momentum = getattr(obj, "_kwargs", {}).get("momentum")
+            if id(mean) in index and id(var) in index and momentum is not None:
+                layout.append(_StatsPair(index[id(mean)], index[id(var)], float(momentum)))
+        found = {pair.var for pair in layout}
+        unknown = [p.name for i, p in enumerate(self._aux)
+                   if i not in found and p.name.endswith("running_var")]
+        if unknown:
+            log.warning("mxlbbsp: warning: %s combined without the spread of the workers' "
+                        "batch means (the layer's momentum is unknown: not a Gluon BatchNorm)",
+                        ", ".join(unknown))
+        self._layout = layout
+        return layout
 
     # ---- checkpoints --------------------------------------------------------------------
 
@@ -198,3 +361,11 @@ class Trainer(gluon.Trainer):
         """
         from . import checkpoint
         return checkpoint.save_trainer(self, directory)
+
+
+class _StatsPair(NamedTuple):
+    """One BatchNorm layer: indices of its running mean and variance in ``Trainer._aux``."""
+    mean: int
+    var: int
+    momentum: float
+

@@ -1,0 +1,73 @@
+"""mxlbbsp.Trainer in one process (no launcher): the step(n) idioms mean what they mean in
+Gluon, and BatchNorm's statistics are left to BatchNorm (issue 20). No cluster: seconds."""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import mxlbbsp
+from mxlbbsp import session
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    session.close_session()
+    yield
+    session.close_session()
+
+
+def train(idiom, steps=6, batch=16):
+    mx.random.seed(0)
+    x = np.random.RandomState(0).randn(64, 5).astype(np.float32)
+    y = (x.sum(axis=1) > 0).astype(np.float32)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(8), gluon.nn.BatchNorm(momentum=0.99), gluon.nn.Dense(2))
+    net.initialize(mx.init.Xavier())
+    loader = mxlbbsp.DataLoader(gluon.data.ArrayDataset(x, y), global_batch_size=batch,
+                                shuffle=True, seed=1)
+    trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5,
+                                                            "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    done = 0
+    while done < steps:
+        for data, label in loader:
+            with autograd.record():
+                loss = loss_fn(net(data), label)
+                if idiom == "mean-1":
+                    loss = loss.mean()
+            loss.backward()
+            if idiom == "step":
+                trainer.step()
+            elif idiom == "len":
+                trainer.step(len(data))
+            elif idiom == "mean-1":
+                trainer.step(1)
+            else:
+                trainer.allreduce_grads()
+                trainer.update(len(data))
+            done += 1
+            if done == steps:
+                break
+    # names differ between the two nets (gluon's prefix counter): by position
+    return {k.split("_", 1)[1] + str(i): v.data().asnumpy()
+            for i, (k, v) in enumerate(net.collect_params().items())}
+
+
+@pytest.mark.parametrize("idiom", ["len", "mean-1", "split"])
+def test_a_single_process_takes_gluons_idioms_as_gluon_does(idiom):
+    reference, other = train("step"), train(idiom)
+    for key in reference:
+        np.testing.assert_allclose(other[key], reference[key], rtol=1e-5, atol=1e-6,
+                                   err_msg=key)
+
+
+def test_step_without_a_batch_size_outside_a_loader_says_what_it_needs():
+    net = gluon.nn.Dense(2)
+    net.initialize()
+    trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    with autograd.record():
+        loss = net(mx.nd.ones((3, 4))).sum()
+    loss.backward()
+    with pytest.raises(ValueError, match="needs a batch_size unless the batches come from an "
+                                         "mxlbbsp.DataLoader"):
+        trainer.step()
