@@ -1,6 +1,6 @@
 """The cost of exact BatchNorm statistics (issue 20), side by side in one run.
 
-A BatchNorm ResNet-20 (cifar_resnet20_v1: 19 BatchNorm layers) on synthetic CIFAR-sized
+A BatchNorm ResNet-20 (cifar_resnet20_v1: 21 BatchNorm layers) on synthetic CIFAR-sized
 data, 2 workers at 1:3 with LB-BSP. Three arms, interleaved round by round with the order
 rotated, throughput (samples/s after the warm-up) compared per round:
 

@@ -111,14 +111,14 @@ def test_a_restart_after_a_killed_worker_is_exact(tmp_path):
 
 
 def test_a_gluoncv_resnet_trained_the_gluoncv_way_is_exact(tmp_path):
-    """A narrow CIFAR ResNet-20 from gluoncv.model_zoo, split_and_load, step(batch_size) with
+    """gluoncv.model_zoo's cifar_resnet20_v1, split_and_load, step(batch_size) with
     the constant batch size and a learning-rate scheduler, 3 workers at 1:1:3."""
     args = ["--model", "resnet", "--epochs", "2", "--idiom", "step-b"]
     r = launch(tmp_path / "job", "-n", 3, "--emulate-slowdown", "1,1,3", script_args=args)
     assert r.rc == 0, r.output
     job = assert_one_model(tmp_path / "job", 3)
     single = reference(tmp_path / "ref", [tmp_path / "job"], *args)
-    assert sum(k.endswith("running_var") for k in single) == 19     # every BatchNorm layer
+    assert sum(k.endswith("running_var") for k in single) == 21     # every BatchNorm layer
     diff, key = worst(job, single)
     assert diff <= TOLERANCE, (key, diff)
 

@@ -24,5 +24,5 @@ def test_the_gluoncv_cifar_recipe_converted_to_mxlbbsp_trains_on_two_workers(tmp
     # gluoncv's step(batch_size) inside a job says nothing: it is the constant global batch
     assert "trainer.step(" not in r.stderr, r.stderr
     saved = mx.nd.load(str(params))
-    assert sum(k.endswith("running_var") for k in saved) == 19        # a BatchNorm ResNet-20
+    assert sum(k.endswith("running_var") for k in saved) == 21        # a BatchNorm ResNet-20
     assert all(np.isfinite(v.asnumpy()).all() for v in saved.values())
