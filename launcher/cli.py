@@ -68,7 +68,10 @@ def cli(verbose):
 
 
 @cli.command(help=LAUNCH_HELP, context_settings={"help_option_names": ["-h", "--help"],
-                                                  "max_content_width": 100})
+                                                  "max_content_width": 100,
+                                                  # like torchrun: the options end at the
+                                                  # command's first word, -- or not
+                                                  "allow_interspersed_args": False})
 @click.option("-n", "--num-workers", type=int, metavar="N",
               help="Number of workers (default with -H: one per hostfile slot).")
 @click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",

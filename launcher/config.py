@@ -20,11 +20,10 @@ from mxlbbsp import _env, modes, predictors, signals
 from mxlbbsp.coordinator import TIME_MODELS
 from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
 
+from .errors import ConfigError
+from .hostfile import MAX_WORKERS, Host, parse_hosts
+
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class ConfigError(ValueError):
-    """Bad input to the launcher: reported as one line, exit code 2."""
 
 
 def _cwd() -> str:
@@ -212,6 +211,8 @@ class LaunchConfig:
     exog_columns: tuple = dataclasses.field(default=(), repr=False)
     #: the report columns every worker reads (--signals and --exog), by validation
     signal_columns: tuple = dataclasses.field(default=(), repr=False)
+    #: the hosts of -H (a hostfile or an inline list), by validation; [] without -H
+    hosts: List[Host] = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self):
         self.command = list(self.command or [])
@@ -219,11 +220,33 @@ class LaunchConfig:
             raise ConfigError("missing the command to run: put it after --, e.g. "
                               "mxlbbsp launch -n 2 -- python train.py")
         if self.hostfile is None and self.num_workers is None:
-            raise ConfigError("how many workers? give -n/--num-workers (or a hostfile with -H)")
+            raise ConfigError("how many workers? give -n/--num-workers before the command "
+                              "(or hosts with -H)")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
+        if self.num_workers is not None and self.num_workers > MAX_WORKERS:
+            raise ConfigError(f"-n/--num-workers {self.num_workers}: at most {MAX_WORKERS} "
+                              "workers")
         if self.num_servers < 1:
             raise ConfigError(f"-s/--num-servers must be at least 1 (got {self.num_servers})")
+        if self.num_servers > MAX_WORKERS:
+            raise ConfigError(f"-s/--num-servers {self.num_servers}: at most {MAX_WORKERS} "
+                              "servers")
+        if self.hostfile is not None:
+            self.hosts = parse_hosts(self.hostfile)
+            slots = sum(h.slots for h in self.hosts)
+            if self.num_workers is None and slots > MAX_WORKERS:
+                raise ConfigError(f"-H {self.hostfile}: {slots} slots in all, at most "
+                                  f"{MAX_WORKERS} workers; give -n N")
+        else:
+            given = [flag for flag, value in (
+                ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
+                ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
+                if value]
+            if given:
+                raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
+                                  "runs on this machine, no SSH; give the hosts with -H "
+                                  "(a hostfile or host1:slots,host2:slots)")
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
         for name in modes.available():          # another mode's options: say whose
@@ -271,8 +294,6 @@ class LaunchConfig:
             raise ConfigError(f"--ssh-port {self.ssh_port}: must be in 1..65535")
         if self.ssh_identity is not None and not os.path.isfile(self.ssh_identity):
             raise ConfigError(f"--ssh-identity {self.ssh_identity!r}: no such file")
-        if self.hostfile is not None and not os.path.isfile(self.hostfile):
-            raise ConfigError(f"-H/--hostfile {self.hostfile!r}: no such file")
         if self.metrics:
             check_output_file(self.metrics, "--metrics")
         if self.log_dir:

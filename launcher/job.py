@@ -42,7 +42,7 @@ from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 from . import ssh
 from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
-from .hostfile import LOCAL, Host, Placement, parse_hostfile, place
+from .hostfile import LOCAL, Host, Placement, local_ranks, place
 from .procs import Output, RoleProcess, local_transport, stop_all
 
 EXIT_CONFIG = 2
@@ -118,7 +118,7 @@ class Job:
         self.reason: Optional[str] = None        # why the job failed, in a few words
         self.resume_from = config.resume_from()
         if self.remote:
-            self.hosts = hosts or parse_hostfile(config.hostfile)
+            self.hosts = hosts or config.hosts
             n = config.num_workers or sum(h.slots for h in self.hosts)
         else:
             n = config.num_workers
@@ -219,12 +219,13 @@ class Job:
             self.servers.append(self._role("server", r, host,
                                            [self._python(host), "-m", "mxlbbsp.server"], env))
         self.workers = []
+        local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
             env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0,
-                                       cfg.signal_columns))
+                                       cfg.signal_columns, local[r]))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
                                            self.resume_from))

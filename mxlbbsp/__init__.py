@@ -14,8 +14,8 @@ package in a process whose DMLC_ROLE is server never starts a parameter server b
 """
 __version__ = "0.1.0"
 
-__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "untimed", "__version__"]
-
+__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "local_rank", "local_size",
+           "untimed", "__version__"]
 
 
 def rank() -> int:
@@ -28,6 +28,19 @@ def num_workers() -> int:
     """The number of workers of the job (1 in a single process)."""
     from . import _env
     return _env.num_workers() if _env.coordinator() is not None else 1
+
+
+def local_rank() -> int:
+    """This worker's index among the job's workers on its host, 0..local_size()-1 (0 in a
+    single process): e.g. its GPU, ``mx.gpu(mxlbbsp.local_rank())``."""
+    from . import _env
+    return _env.local_rank()
+
+
+def local_size() -> int:
+    """The number of the job's workers on this worker's host (1 in a single process)."""
+    from . import _env
+    return _env.local_size()
 
 
 def untimed():
