@@ -51,6 +51,43 @@ def _stall(value: Optional[str]) -> Optional[float]:
                           "to turn stall detection off") from None
 
 
+class _LogLine(logging.Formatter):
+    """The launcher's own prefix: ``[mxlbbsp] message``, ``[mxlbbsp] warning: message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        return f"[mxlbbsp] {text}"
+
+
+class _Stderr(logging.Handler):
+    """Writes to the sys.stderr of the moment (tests swap it), one line at a time."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.handleError(record)
+
+
+def configure_logging(verbose: bool) -> None:
+    """The only place that configures logging: the ``mxlbbsp`` loggers (the launcher, the
+    coordinator, the balancing policies) write to stderr as the launcher's own lines;
+    warnings always, with -v/--verbose also each allocation and decision. The root logger
+    is left alone (no asyncio debug lines)."""
+    logger = logging.getLogger("mxlbbsp")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(_LogLine())
+        logger.addHandler(handler)
+    if verbose:
+        logger.setLevel(logging.DEBUG)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 class _Group(click.Group):
     def format_epilog(self, ctx, formatter):
         formatter.write_paragraph()
@@ -60,11 +97,11 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mxlbbsp")
-@click.option("-v", "--verbose", is_flag=True, help="Log the coordinator's decisions (debug).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log each allocation and the coordinator's decisions (as launch -v).")
 def cli(verbose):
     """mxlbbsp: load-balanced synchronous training (LB-BSP) for Apache MXNet."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="[mxlbbsp] %(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
 
 
 @cli.command(help=LAUNCH_HELP, context_settings={"help_option_names": ["-h", "--help"],
@@ -177,13 +214,19 @@ def cli(verbose):
                    "--checkpoint-dir.")
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log each allocation (iteration, predicted speeds, the split) and the "
+                   "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
-           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, command):
+           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
+           command):
     from .job import run_job
+
+    configure_logging(verbose)
 
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,

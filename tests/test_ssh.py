@@ -5,6 +5,7 @@ starts the guards, the guards start real MXNet servers and workers. Every job ca
 fresh ``MXLBBSP_TEST_MARK`` (through ``--env``); afterwards no process may carry it and no
 sshd session may be left. The time bounds are the issue's failure bounds, not measurements.
 """
+import json
 import os
 import re
 import shutil
@@ -493,3 +494,18 @@ def test_over_ssh_ps_lite_itself_takes_the_interface(sshd, tmp_path):
     assert all(addrs == {address} for addrs in found.values()), (iface, found)
     assert wait_no_leftovers(marker) == []
     assert sshd.wait_no_sessions() == []
+
+
+def test_an_inline_host_list_and_local_ranks_over_two_hosts(sshd, tmp_path):
+    """`-H 127.0.0.1:2,127.0.0.2:1` (horovodrun's form, no hostfile): two workers on the
+    first host, one on the second, each told its index among the job's workers on its host."""
+    out = tmp_path / "argv"
+    probe = ROOT / "tests" / "scripts" / "argv_probe.py"
+    r = run_mxlbbsp("launch", "-H", "127.0.0.1:2,127.0.0.2:1", *sshd.launch_options(),
+                    "--progress", "0", PY, probe, out, "--lr", "0.1", timeout=180)
+    assert r.rc == 0, r.output
+    got = [json.loads((tmp_path / f"argv.{rank}.json").read_text()) for rank in range(3)]
+    assert [(p["rank"], p["local_rank"], p["local_size"]) for p in got] == [
+        (0, 0, 2), (1, 1, 2), (2, 0, 1)]
+    assert [p["argv"] for p in got] == [["--lr", "0.1"]] * 3
+    assert_nothing_left(sshd, r.marker)
