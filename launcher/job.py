@@ -25,6 +25,7 @@ hosts that fail the pre-flight are left out (the workers' number shrinks to the 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import secrets
 import shlex
@@ -35,7 +36,7 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from mxlbbsp import _env, modes
+from mxlbbsp import NO_MXNET, _env, modes
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
@@ -288,6 +289,8 @@ class Job:
         if cfg.dry_run:
             print(self.describe())
             return 0
+        if not self.remote and importlib.util.find_spec("mxnet") is None:
+            raise ConfigError(NO_MXNET)      # the scheduler and the servers need it here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.remote:

@@ -58,11 +58,23 @@ def untimed():
 
 _LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}
 
+#: what to do when MXNet is missing: mxlbbsp depends on no MXNet build (the CPU wheel and the
+#: CUDA builds are different distributions of the one ``mxnet`` module)
+NO_MXNET = ("mxlbbsp needs MXNet in this Python, and none is installed: pip install "
+            "'mxlbbsp[cpu]' for the CPU build, or an MXNet CUDA build for GPUs (e.g. pip "
+            "install mxnet-cu112)")
+
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        try:
+            module = importlib.import_module(_LAZY[name], __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != "mxnet":
+                raise
+            raise ImportError(NO_MXNET) from None
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mxlbbsp' has no attribute {name!r}")
