@@ -11,7 +11,6 @@ import errno
 import math
 import os
 import re
-import shutil
 import socket
 import tempfile
 from typing import Dict, List, Optional, Tuple
@@ -21,9 +20,12 @@ from mxlbbsp.coordinator import TIME_MODELS
 from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
 
 from .errors import ConfigError
+from .guard import command_problem
 from .hostfile import MAX_WORKERS, Host, parse_hosts
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: --emulate-compute's most (ms per sample): a minute, already hours per iteration
+MAX_SAMPLE_MS = 60_000.0
 
 
 def _cwd() -> str:
@@ -124,9 +126,11 @@ def check_output_dir(path: str, what: str, create: bool) -> None:
             parent = os.path.abspath(path)
             while not os.path.isdir(parent):
                 parent = os.path.dirname(parent)
-            if not os.access(parent, os.W_OK | os.X_OK):
+            try:            # a folder made and removed: access() says yes to root in /proc
+                os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".mxlbbsp-probe-"))
+            except OSError as exc:
                 raise ConfigError(f"{what} {path!r}: cannot create the folder in {parent!r} "
-                                  "(permission denied); choose another")
+                                  f"({exc.strerror}); choose another") from None
             return
         try:
             os.makedirs(path, exist_ok=True)
@@ -277,6 +281,9 @@ class LaunchConfig:
         if self.emulate_compute is not None and not self.emulate_compute >= 0:
             raise ConfigError(f"--emulate-compute {self.emulate_compute}: must be >= 0 ms per "
                               "sample")
+        if self.emulate_compute is not None and self.emulate_compute > MAX_SAMPLE_MS:
+            raise ConfigError(f"--emulate-compute {self.emulate_compute:g}: at most "
+                              f"{MAX_SAMPLE_MS:g} ms (a minute) of emulated compute per sample")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
         _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
@@ -344,9 +351,7 @@ class LaunchConfig:
                               f"plan is not saved); checkpoints need --sync {able}")
         if self.checkpoint_dir:
             self.checkpoint_dir = os.path.abspath(os.path.join(self.cwd, self.checkpoint_dir))
-            if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
-                raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r} exists and is not "
-                                  "a folder")
+            check_output_dir(self.checkpoint_dir, "--checkpoint-dir", create=not self.dry_run)
             if self.checkpoint_every is None:
                 self.checkpoint_every = 100
         if self.resume is not None:
@@ -382,11 +387,9 @@ class LaunchConfig:
                               "a trace with an iteration column, not time_s")
 
     def check_command_locally(self) -> None:
-        """The command must exist here when the workers run here."""
-        prog = self.command[0]
-        if os.sep in prog:
-            path = prog if os.path.isabs(prog) else os.path.join(self.cwd, prog)
-            if not os.path.isfile(path):
-                raise ConfigError(f"command not found: {prog!r} (relative to {self.cwd})")
-        elif shutil.which(prog) is None:
-            raise ConfigError(f"command not found: {prog!r} is not on PATH")
+        """The command must exist here, be executable, and (``python SCRIPT``) have its
+        script, when the workers run here: the guard's own check, before anything starts."""
+        problem = command_problem(self.command, self.cwd,
+                                  self.env.get("PATH", os.environ.get("PATH")))
+        if problem:
+            raise ConfigError(f"{problem} (in {self.cwd})")
