@@ -18,7 +18,8 @@ launcher sends an empty line now and then: a partitioned network closes nothing 
 side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
 with the command's exit code (128 + N for a signal N, like a shell), after a last line
-``mxlbbsp guard: exit N`` on stdout (the launcher does not show it).
+``mxlbbsp guard: exit N`` on stdout (the launcher does not show it), and before it, when a
+signal N ended the command, ``mxlbbsp guard: signal N`` (so that the launcher can name it).
 
 Unless the environment sets ``OMP_NUM_THREADS``, a spec with ``MXLBBSP_SHARE_CORES=k`` in its
 ``env`` (the launcher's: k processes of the job on this host) gets ``OMP_NUM_THREADS`` = this
@@ -67,6 +68,8 @@ STARTED = "mxlbbsp guard: started"
 #: the guard's last line on stdout, with the command's exit code: over SSH it tells a command
 #: that exited 255 from ssh's own 255 (connection lost)
 EXITED = "mxlbbsp guard: exit"
+#: the guard's line before its last when a signal ended the command: the signal's number
+SIGNALLED = "mxlbbsp guard: signal"
 #: the guard's periodic line (spec ``cpu_every``): the command's CPU seconds so far
 CPU = "mxlbbsp guard: cpu"
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
@@ -339,6 +342,8 @@ def main() -> int:
                          daemon=True).start()
     rc = guard.wait()
     try:
+        if guard.child.returncode < 0:
+            os.write(1, f"{SIGNALLED} {-guard.child.returncode}\n".encode())
         os.write(1, f"{EXITED} {rc}\n".encode())
     except OSError:
         pass                                      # nobody listens any more

@@ -79,6 +79,18 @@ def stall_limit(setting: Optional[float], floors, iteration: int,
     return max(running, STALL_MEDIANS * (iteration_s or 0.0))
 
 
+def _killed_by(signum: int, rc: int) -> str:
+    """"SIGSEGV (exit code 139)", SIGKILL with its usual senders; "signal N" for a number
+    without a name."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return f"{name} (exit code {rc}: kill -9, or the kernel's out-of-memory killer, see dmesg)"
+    return f"{name} (exit code {rc})"
+
+
 def _ranks(ranks) -> str:
     ranks = list(ranks)
     return ("worker " if len(ranks) == 1 else "workers ") + ", ".join(map(str, ranks))
@@ -533,6 +545,8 @@ class Job:
                     what = f"exited with code {rc}{where}: {p.error_line}"
                 elif p.exit_reason:
                     what = f"exited with code {rc}{where}: {p.exit_reason}"
+                elif p.signalled is not None:
+                    what = f"was killed by {_killed_by(p.signalled, rc)}{where}"
                 elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
                     sig = signal.Signals(-p.proc.returncode).name
                     what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "

@@ -3,6 +3,7 @@ real jobs: the launcher's options end at the command's first word, ``--`` or not
 knows its local rank; ``launch -v`` logs every allocation."""
 import json
 import re
+import signal
 
 import pytest
 
@@ -64,3 +65,20 @@ def test_verbose_logs_every_allocation(where):
                                 "equal split")), f
     assert "[mxlbbsp] iteration 1: split 32,32 (warm-up" in r.stderr
     assert "Using selector" not in r.output and "DEBUG" not in r.output
+
+
+@pytest.mark.parametrize("sig, name", [("SIGKILL", "SIGKILL (exit code 137: kill -9, or the "
+                                        "kernel's out-of-memory killer, see dmesg)"),
+                                       ("SIGSEGV", "SIGSEGV (exit code 139)")])
+def test_a_worker_killed_by_a_signal_is_named(tmp_path, sig, name):
+    script = tmp_path / "die.py"
+    script.write_text("import os, signal, time\n"
+                      "import mxlbbsp\n"
+                      "if mxlbbsp.rank() == 1:\n"
+                      f"    time.sleep(1); os.kill(os.getpid(), signal.{sig})\n"
+                      "time.sleep(120)\n")
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, "--", PY, script, timeout=120)
+    assert r.rc == 128 + getattr(signal, sig), r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    assert f"error: worker 1 was killed by {name}; stopping" in errors[0]
