@@ -30,10 +30,15 @@ Starts, on this machine (or over SSH on the hosts of a hostfile):
 The job ends when every worker has exited 0; the first failure, Ctrl-C or
 SIGTERM stops every process of the job and names the cause.
 
+The launcher's options end at COMMAND's first word, as in torchrun and
+horovodrun: everything after it goes to COMMAND, with or without a -- before
+it (`launch -n 2 python x.py --epochs 3` gives --epochs to x.py).
+
 \b
 Examples:
-  mxlbbsp launch -n 4 -- python train.py --epochs 10
+  mxlbbsp launch -n 4 python train.py --epochs 10
   mxlbbsp launch -n 3 --emulate-slowdown 1,1,3 --metrics m.jsonl -- python train.py
+  mxlbbsp launch -H node1:4,node2:4 -- python train.py
   mxlbbsp launch -H hosts.txt -s 2 --sync bsp -- python train.py
 """
 
@@ -110,12 +115,14 @@ def cli(verbose):
                                                   # command's first word, -- or not
                                                   "allow_interspersed_args": False})
 @click.option("-n", "--num-workers", type=int, metavar="N",
-              help="Number of workers (default with -H: one per hostfile slot).")
+              help="Number of workers (default with -H: one per slot of its hosts).")
 @click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
               help="Number of parameter servers.")
-@click.option("-H", "--hostfile", metavar="PATH",
-              help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
-                   "'host slots=N'. Without it everything runs on this machine.")
+@click.option("-H", "--hostfile", metavar="HOSTS",
+              help="Hosts to run on over SSH: a hostfile (an existing file; one host per "
+                   "line: host, user@host, 'host slots=N', 'host port=P', host:P with P >= "
+                   "1024) or an inline list as horovodrun's, host1:4,host2:4 (the number "
+                   "after ':' is slots). Without it everything runs on this machine.")
 @click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
@@ -191,7 +198,8 @@ def cli(verbose):
               help="Network interface ps-lite (scheduler, servers, workers) binds to, e.g. "
                    "a private network's; it must exist on every host. Default for --bind: "
                    "its address here. Default: ps-lite's own choice (see README, Security).")
-@click.option("--ssh-port", type=int, metavar="PORT", help="SSH port (a host:port wins).")
+@click.option("--ssh-port", type=int, metavar="PORT",
+              help="SSH port (a hostfile's port wins).")
 @click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
 @click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
               help="Extra ssh -o option (repeatable).")

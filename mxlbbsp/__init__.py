@@ -61,8 +61,8 @@ _LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}
 #: what to do when MXNet is missing: mxlbbsp depends on no MXNet build (the CPU wheel and the
 #: CUDA builds are different distributions of the one ``mxnet`` module)
 NO_MXNET = ("mxlbbsp needs MXNet in this Python, and none is installed: pip install "
-            "'mxlbbsp[cpu]' for the CPU build, or an MXNet CUDA build for GPUs (e.g. pip "
-            "install mxnet-cu112)")
+            "mxnet==1.9.1 for the CPU build (mxlbbsp's extra cpu), or one of MXNet's CUDA "
+            "builds for GPUs (e.g. pip install mxnet-cu112)")
 
 
 def __getattr__(name):

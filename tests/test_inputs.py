@@ -310,7 +310,8 @@ def test_bad_fields_of_a_metrics_file(tmp_path, command, changes, needle):
     (["--samples", HUGE * 10 ** 6], "--samples 1000000000000000000: must be in 1..1e+12"),
     (["--samples", 1000, "--epochs", "1e300"], "--epochs 1e+300: must be a positive number"),
     (["--samples", 1000, "--batch-range", f"64:{HUGE}"], f"the maximum {HUGE} is more than"),
-    (["--samples", HUGE, "--epochs", 10 ** 6], "take 3.96e+08 years at best on its workers (speeds 40, 40"),
+    (["--samples", HUGE, "--epochs", 10 ** 6],
+     "take 3.96e+08 years at best on its workers (speeds 40, 40"),
 ])
 def test_plan_on_absurd_values(tmp_path, args, needle):
     """A plan of absurd inputs printed a table of inf (or of 10^300 hours)."""
