@@ -281,6 +281,7 @@ class LaunchConfig:
         if self.emulate_compute is not None and not self.emulate_compute >= 0:
             raise ConfigError(f"--emulate-compute {self.emulate_compute}: must be >= 0 ms per "
                               "sample")
+        _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
         if self.emulate_compute is not None and self.emulate_compute > MAX_SAMPLE_MS:
             raise ConfigError(f"--emulate-compute {self.emulate_compute:g}: at most "
                               f"{MAX_SAMPLE_MS:g} ms (a minute) of emulated compute per sample")
