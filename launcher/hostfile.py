@@ -185,8 +185,8 @@ def place(hosts: List[Host], num_workers: int, num_servers: int) -> Placement:
     """Servers round-robin over the hosts; workers fill the slots in order."""
     total = sum(h.slots for h in hosts)
     if num_workers > total:
-        raise ConfigError(f"-n {num_workers} workers, but the hostfile has only {total} "
-                          "slot(s); add hosts, raise slots=N, or lower -n")
+        raise ConfigError(f"-n {num_workers} workers, but the hosts of -H have only {total} "
+                          "slot(s); add hosts, raise their slots, or lower -n")
     workers: List[Host] = []
     for h in hosts:
         workers.extend([h] * min(h.slots, num_workers - len(workers)))

@@ -87,7 +87,8 @@ def _killed_by(signum: int, rc: int) -> str:
     except ValueError:
         name = f"signal {signum}"
     if signum == signal.SIGKILL:
-        return f"{name} (exit code {rc}: kill -9, or the kernel's out-of-memory killer, see dmesg)"
+        return (f"{name} (exit code {rc}: kill -9, or the kernel's out-of-memory killer, "
+                "see dmesg)")
     return f"{name} (exit code {rc})"
 
 

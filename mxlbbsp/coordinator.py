@@ -711,7 +711,7 @@ class Coordinator:
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
             if self._sizes is not None:
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)", t + 1,
-                          _shown(self._sizes, "d"))
+                          _shown(self._sizes))
             return
         kind = self.config.time_model
         if kind != "linear":
@@ -758,8 +758,8 @@ class Coordinator:
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      t + 1, _shown(self._sizes, "d"), int(self._sizes.sum()),
-                      _shown(self._predicted[t + 1], ".0f"),
+                      t + 1, _shown(self._sizes), int(self._sizes.sum()),
+                      _shown(self._predicted[t + 1]),
                       self._balancer.decision or f"{self.config.sync}'s own split")
         self._predictor.learn()     # training, after the broadcast: off the critical path
 
@@ -918,14 +918,14 @@ class _Connection(asyncio.Protocol):
         self.coordinator._on_lost(self)
 
 
-def _shown(values, spec: str, most: int = 16) -> str:
-    """Per-worker values for a log line: all of them up to ``most``, else a summary."""
-    values = np.asarray(values)
+def _shown(values, most: int = 16) -> str:
+    """Per-worker values (batch sizes, speeds) for a log line, rounded: all of them up to
+    ``most``, else a summary."""
+    values = np.asarray(values, dtype=float)
     if len(values) <= most:
-        return ",".join(format(v.item(), spec) for v in values)
-    return (f"min {format(values.min().item(), spec)}, median "
-            f"{format(np.median(values).item(), spec.replace('d', '.0f'))}, max "
-            f"{format(values.max().item(), spec)} over {len(values)} workers")
+        return ",".join(f"{v:.0f}" for v in values)
+    return (f"min {values.min():.0f}, median {np.median(values):.0f}, max "
+            f"{values.max():.0f} over {len(values)} workers")
 
 
 def _nan(x) -> float:

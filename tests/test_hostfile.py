@@ -149,7 +149,7 @@ def _one_line_exit_2(r, needle):
     ("a:99999\n", [], ":1: port 99999 is outside 1..65535"),
     ("", [], "lists no hosts"),
     ("# only a comment\n", [], "lists no hosts"),
-    ("a slots=2\nb\n", ["-n", "4"], "-n 4 workers, but the hostfile has only 3 slot(s)"),
+    ("a slots=2\nb\n", ["-n", "4"], "-n 4 workers, but the hosts of -H have only 3 slot(s)"),
     ("a\n", ["--ssh-port", "0"], "--ssh-port 0: must be in 1..65535"),
     ("a\n", ["--ssh-option", "StrictHostKeyChecking"], "expected KEY=VALUE"),
     ("a\n", ["--ssh-identity", "/no/such/key"], "--ssh-identity '/no/such/key': no such file"),
