@@ -272,7 +272,6 @@ HUGE = 1_000_000_000_000
 def test_out_of_range_launch_inputs(args, needle):
     r = run_mxlbbsp("launch", "--progress", "0", *args, *QUICK)
     assert needle in one_line_error(r)
-    assert r.seconds < 30        # refused at once (-n 10^12 took 37 s to a traceback)
 
 
 def test_a_hostfile_with_10_to_the_12_slots(tmp_path):
