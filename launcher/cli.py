@@ -30,10 +30,15 @@ Starts, on this machine (or over SSH on the hosts of a hostfile):
 The job ends when every worker has exited 0; the first failure, Ctrl-C or
 SIGTERM stops every process of the job and names the cause.
 
+The launcher's options end at COMMAND's first word, as in torchrun and
+horovodrun: everything after it goes to COMMAND, with or without a -- before
+it (`launch -n 2 python x.py --epochs 3` gives --epochs to x.py).
+
 \b
 Examples:
-  mxlbbsp launch -n 4 -- python train.py --epochs 10
+  mxlbbsp launch -n 4 python train.py --epochs 10
   mxlbbsp launch -n 3 --emulate-slowdown 1,1,3 --metrics m.jsonl -- python train.py
+  mxlbbsp launch -H node1:4,node2:4 -- python train.py
   mxlbbsp launch -H hosts.txt -s 2 --sync bsp -- python train.py
 """
 
@@ -51,6 +56,43 @@ def _stall(value: Optional[str]) -> Optional[float]:
                           "to turn stall detection off") from None
 
 
+class _LogLine(logging.Formatter):
+    """The launcher's own prefix: ``[mxlbbsp] message``, ``[mxlbbsp] warning: message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        return f"[mxlbbsp] {text}"
+
+
+class _Stderr(logging.Handler):
+    """Writes to the sys.stderr of the moment (tests swap it), one line at a time."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self.handleError(record)
+
+
+def configure_logging(verbose: bool) -> None:
+    """The only place that configures logging: the ``mxlbbsp`` loggers (the launcher, the
+    coordinator, the balancing policies) write to stderr as the launcher's own lines;
+    warnings always, with -v/--verbose also each allocation and decision. The root logger
+    is left alone (no asyncio debug lines)."""
+    logger = logging.getLogger("mxlbbsp")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(_LogLine())
+        logger.addHandler(handler)
+    if verbose:
+        logger.setLevel(logging.DEBUG)
+    elif logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 class _Group(click.Group):
     def format_epilog(self, ctx, formatter):
         formatter.write_paragraph()
@@ -60,22 +102,27 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mxlbbsp")
-@click.option("-v", "--verbose", is_flag=True, help="Log the coordinator's decisions (debug).")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log each allocation and the coordinator's decisions (as launch -v).")
 def cli(verbose):
     """mxlbbsp: load-balanced synchronous training (LB-BSP) for Apache MXNet."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="[mxlbbsp] %(levelname)s %(name)s: %(message)s")
+    configure_logging(verbose)
 
 
 @cli.command(help=LAUNCH_HELP, context_settings={"help_option_names": ["-h", "--help"],
-                                                  "max_content_width": 100})
+                                                  "max_content_width": 100,
+                                                  # like torchrun: the options end at the
+                                                  # command's first word, -- or not
+                                                  "allow_interspersed_args": False})
 @click.option("-n", "--num-workers", type=int, metavar="N",
-              help="Number of workers (default with -H: one per hostfile slot).")
+              help="Number of workers (default with -H: one per slot of its hosts).")
 @click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
               help="Number of parameter servers.")
-@click.option("-H", "--hostfile", metavar="PATH",
-              help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
-                   "'host slots=N'. Without it everything runs on this machine.")
+@click.option("-H", "--hostfile", metavar="HOSTS",
+              help="Hosts to run on over SSH: a hostfile (an existing file; one host per "
+                   "line: host, user@host, 'host slots=N', 'host port=P', host:P with P >= "
+                   "1024) or an inline list as horovodrun's, host1:4,host2:4 (the number "
+                   "after ':' is slots). Without it everything runs on this machine.")
 @click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
@@ -151,7 +198,8 @@ def cli(verbose):
               help="Network interface ps-lite (scheduler, servers, workers) binds to, e.g. "
                    "a private network's; it must exist on every host. Default for --bind: "
                    "its address here. Default: ps-lite's own choice (see README, Security).")
-@click.option("--ssh-port", type=int, metavar="PORT", help="SSH port (a host:port wins).")
+@click.option("--ssh-port", type=int, metavar="PORT",
+              help="SSH port (a hostfile's port wins).")
 @click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
 @click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
               help="Extra ssh -o option (repeatable).")
@@ -174,13 +222,19 @@ def cli(verbose):
                    "--checkpoint-dir.")
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Log each allocation (iteration, predicted speeds, the split) and the "
+                   "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
-           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, command):
+           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
+           command):
     from .job import run_job
+
+    configure_logging(verbose)
 
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,

@@ -8,6 +8,13 @@ import click
 
 from .config import ConfigError
 
+#: beyond these the table means nothing (a typo, or a file whose times are not a real run's)
+MAX_SAMPLES = 10 ** 12
+MAX_EPOCHS = 10 ** 6
+MAX_BATCH = 10 ** 9
+#: a plan whose fastest choice takes longer than this (about 300 years) is refused
+MAX_FINISH_S = 1e10
+
 PLAN_HELP = """Predict, for each global batch size, the iteration time and the time to
 finish E epochs on the cluster of a short profiling run.
 
@@ -44,10 +51,11 @@ Examples:
 def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
     from mxlbbsp import courier, metrics
 
-    if samples < 1:
-        raise ConfigError(f"--samples {samples}: must be >= 1 (the training set's size)")
-    if not (math.isfinite(epochs) and epochs > 0):
-        raise ConfigError(f"--epochs {epochs}: must be a positive number")
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ConfigError(f"--samples {samples}: must be in 1..{MAX_SAMPLES:.0e} (the "
+                          "training set's size)")
+    if not (math.isfinite(epochs) and 0 < epochs <= MAX_EPOCHS):
+        raise ConfigError(f"--epochs {epochs}: must be a positive number up to {MAX_EPOCHS:g}")
     if skip < 0:
         raise ConfigError(f"--skip {skip}: must be >= 0")
     try:
@@ -59,8 +67,19 @@ def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
         raise ConfigError(f"{exc}; {metrics.HINT}") from None
     except courier.PlanError as exc:
         raise ConfigError(str(exc)) from None
+    if hi > MAX_BATCH:
+        raise ConfigError(f"--batch-range {batch_range}: the maximum {hi} is more than "
+                          f"{MAX_BATCH:.0e} samples per iteration")
     work = courier.Work(0, samples, epochs)
     rows = courier.plan(model, sync_s, work, courier.candidates(lo, hi), deadline_s)
+    finish = [r.finish_s for r in rows]
+    if not all(math.isfinite(x) for x in finish) or min(finish) > MAX_FINISH_S:
+        fastest = min(finish)
+        said = "no finite time" if not math.isfinite(fastest) else \
+            f"{fastest / (365.25 * 86400):.3g} years at best"
+        raise ConfigError(f"{metrics_path}: {epochs:g} epoch(s) of {samples} samples take "
+                          f"{said} on its workers (speeds {_speeds(model.speed)} samples/s); "
+                          "check --samples, --epochs and the file's compute_s and speed")
     pick, meets = courier.choose(rows)
     if as_json:
         click.echo(json.dumps({
@@ -96,6 +115,10 @@ def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
                          "deadline)")
     click.echo("\n".join(lines))
     return 0
+
+
+def _speeds(speeds) -> str:
+    return ", ".join(f"{v:.3g}" for v in list(speeds)[:8]) + (", ..." if len(speeds) > 8 else "")
 
 
 def _finite(x: float):

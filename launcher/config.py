@@ -11,7 +11,6 @@ import errno
 import math
 import os
 import re
-import shutil
 import socket
 import tempfile
 from typing import Dict, List, Optional, Tuple
@@ -20,11 +19,13 @@ from mxlbbsp import _env, modes, predictors, signals
 from mxlbbsp.coordinator import TIME_MODELS
 from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
 
+from .errors import ConfigError
+from .guard import command_problem
+from .hostfile import MAX_WORKERS, Host, parse_hosts
+
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class ConfigError(ValueError):
-    """Bad input to the launcher: reported as one line, exit code 2."""
+#: --emulate-compute's most (ms per sample): a minute, already hours per iteration
+MAX_SAMPLE_MS = 60_000.0
 
 
 def _cwd() -> str:
@@ -125,9 +126,11 @@ def check_output_dir(path: str, what: str, create: bool) -> None:
             parent = os.path.abspath(path)
             while not os.path.isdir(parent):
                 parent = os.path.dirname(parent)
-            if not os.access(parent, os.W_OK | os.X_OK):
+            try:            # a folder made and removed: access() says yes to root in /proc
+                os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".mxlbbsp-probe-"))
+            except OSError as exc:
                 raise ConfigError(f"{what} {path!r}: cannot create the folder in {parent!r} "
-                                  "(permission denied); choose another")
+                                  f"({exc.strerror}); choose another") from None
             return
         try:
             os.makedirs(path, exist_ok=True)
@@ -212,6 +215,8 @@ class LaunchConfig:
     exog_columns: tuple = dataclasses.field(default=(), repr=False)
     #: the report columns every worker reads (--signals and --exog), by validation
     signal_columns: tuple = dataclasses.field(default=(), repr=False)
+    #: the hosts of -H (a hostfile or an inline list), by validation; [] without -H
+    hosts: List[Host] = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self):
         self.command = list(self.command or [])
@@ -219,11 +224,33 @@ class LaunchConfig:
             raise ConfigError("missing the command to run: put it after --, e.g. "
                               "mxlbbsp launch -n 2 -- python train.py")
         if self.hostfile is None and self.num_workers is None:
-            raise ConfigError("how many workers? give -n/--num-workers (or a hostfile with -H)")
+            raise ConfigError("how many workers? give -n/--num-workers before the command "
+                              "(or hosts with -H)")
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
+        if self.num_workers is not None and self.num_workers > MAX_WORKERS:
+            raise ConfigError(f"-n/--num-workers {self.num_workers}: at most {MAX_WORKERS} "
+                              "workers")
         if self.num_servers < 1:
             raise ConfigError(f"-s/--num-servers must be at least 1 (got {self.num_servers})")
+        if self.num_servers > MAX_WORKERS:
+            raise ConfigError(f"-s/--num-servers {self.num_servers}: at most {MAX_WORKERS} "
+                              "servers")
+        if self.hostfile is not None:
+            self.hosts = parse_hosts(self.hostfile)
+            slots = sum(h.slots for h in self.hosts)
+            if self.num_workers is None and slots > MAX_WORKERS:
+                raise ConfigError(f"-H {self.hostfile}: {slots} slots in all, at most "
+                                  f"{MAX_WORKERS} workers; give -n N")
+        else:
+            given = [flag for flag, value in (
+                ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
+                ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
+                if value]
+            if given:
+                raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
+                                  "runs on this machine, no SSH; give the hosts with -H "
+                                  "(a hostfile or host1:slots,host2:slots)")
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
         for name in modes.available():          # another mode's options: say whose
@@ -254,6 +281,10 @@ class LaunchConfig:
         if self.emulate_compute is not None and not self.emulate_compute >= 0:
             raise ConfigError(f"--emulate-compute {self.emulate_compute}: must be >= 0 ms per "
                               "sample")
+        _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
+        if self.emulate_compute is not None and self.emulate_compute > MAX_SAMPLE_MS:
+            raise ConfigError(f"--emulate-compute {self.emulate_compute:g}: at most "
+                              f"{MAX_SAMPLE_MS:g} ms (a minute) of emulated compute per sample")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
         _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
@@ -271,8 +302,6 @@ class LaunchConfig:
             raise ConfigError(f"--ssh-port {self.ssh_port}: must be in 1..65535")
         if self.ssh_identity is not None and not os.path.isfile(self.ssh_identity):
             raise ConfigError(f"--ssh-identity {self.ssh_identity!r}: no such file")
-        if self.hostfile is not None and not os.path.isfile(self.hostfile):
-            raise ConfigError(f"-H/--hostfile {self.hostfile!r}: no such file")
         if self.metrics:
             check_output_file(self.metrics, "--metrics")
         if self.log_dir:
@@ -323,9 +352,7 @@ class LaunchConfig:
                               f"plan is not saved); checkpoints need --sync {able}")
         if self.checkpoint_dir:
             self.checkpoint_dir = os.path.abspath(os.path.join(self.cwd, self.checkpoint_dir))
-            if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
-                raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir!r} exists and is not "
-                                  "a folder")
+            check_output_dir(self.checkpoint_dir, "--checkpoint-dir", create=not self.dry_run)
             if self.checkpoint_every is None:
                 self.checkpoint_every = 100
         if self.resume is not None:
@@ -361,11 +388,9 @@ class LaunchConfig:
                               "a trace with an iteration column, not time_s")
 
     def check_command_locally(self) -> None:
-        """The command must exist here when the workers run here."""
-        prog = self.command[0]
-        if os.sep in prog:
-            path = prog if os.path.isabs(prog) else os.path.join(self.cwd, prog)
-            if not os.path.isfile(path):
-                raise ConfigError(f"command not found: {prog!r} (relative to {self.cwd})")
-        elif shutil.which(prog) is None:
-            raise ConfigError(f"command not found: {prog!r} is not on PATH")
+        """The command must exist here, be executable, and (``python SCRIPT``) have its
+        script, when the workers run here: the guard's own check, before anything starts."""
+        problem = command_problem(self.command, self.cwd,
+                                  self.env.get("PATH", os.environ.get("PATH")))
+        if problem:
+            raise ConfigError(f"{problem} (in {self.cwd})")

@@ -18,7 +18,8 @@ launcher sends an empty line now and then: a partitioned network closes nothing 
 side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
 with the command's exit code (128 + N for a signal N, like a shell), after a last line
-``mxlbbsp guard: exit N`` on stdout (the launcher does not show it).
+``mxlbbsp guard: exit N`` on stdout (the launcher does not show it), and before it, when a
+signal N ended the command, ``mxlbbsp guard: signal N`` (so that the launcher can name it).
 
 Unless the environment sets ``OMP_NUM_THREADS``, a spec with ``MXLBBSP_SHARE_CORES=k`` in its
 ``env`` (the launcher's: k processes of the job on this host) gets ``OMP_NUM_THREADS`` = this
@@ -46,7 +47,9 @@ Only the standard library is imported here: the guard starts in milliseconds.
 import ctypes
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,13 +57,19 @@ import threading
 import time
 from typing import Optional
 
-NOT_FOUND = 127
+#: the guard's exit code when it refuses to start the command (not found, not executable,
+#: python's script missing): bad input, as everywhere in mxlbbsp
+BAD_COMMAND = 2
+#: python's command-line options that take a value (the script comes after them)
+_PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
 STDIN = 0
 #: the guard's first line on stdout: it runs, so the transport (e.g. ssh) is connected
 STARTED = "mxlbbsp guard: started"
 #: the guard's last line on stdout, with the command's exit code: over SSH it tells a command
 #: that exited 255 from ssh's own 255 (connection lost)
 EXITED = "mxlbbsp guard: exit"
+#: the guard's line before its last when a signal ended the command: the signal's number
+SIGNALLED = "mxlbbsp guard: signal"
 #: the guard's periodic line (spec ``cpu_every``): the command's CPU seconds so far
 CPU = "mxlbbsp guard: cpu"
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
@@ -153,6 +162,47 @@ def tree_cpu_seconds(pid: int) -> Optional[float]:
             except OSError:
                 continue
     return total / tick
+
+
+def python_script(argv) -> Optional[str]:
+    """The script of a ``python [OPTIONS] SCRIPT ...`` command; None for another command, for
+    ``python -m``/``-c``, or for python reading its standard input."""
+    if not re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])):
+        return None
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "-" or (arg.startswith(("-m", "-c")) and not arg.startswith("--")):
+            return None
+        if arg in _PYTHON_VALUE_OPTIONS:
+            next(args, None)
+        elif arg == "--":
+            return next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def command_problem(argv, cwd: str, path: Optional[str] = None) -> Optional[str]:
+    """Why ``argv`` cannot run in ``cwd`` (``path``: the PATH it runs with), in a few words
+    that say what to do; None when it can. The launcher asks before it starts a local job,
+    the guard before it starts the command (over SSH: on the command's host)."""
+    prog = argv[0]
+    if os.sep in prog:
+        full = os.path.join(cwd, prog)
+        if os.path.isdir(full):
+            return f"{prog!r} is a folder, not a command"
+        if not os.path.isfile(full):
+            return f"command not found: {prog!r}"
+        if not os.access(full, os.X_OK):
+            runner = "python" if prog.endswith(".py") else "sh"
+            return (f"permission denied: {prog!r} is not executable; make it executable "
+                    f"(chmod +x {prog}) or run it with {runner}, e.g. -- {runner} {prog}")
+    elif shutil.which(prog, path=path) is None:
+        return f"command not found: {prog!r} is not on PATH"
+    script = python_script(argv)
+    if script is not None and not os.path.exists(os.path.join(cwd, script)):
+        return f"{prog}: can't open file {script!r}: no such file"
+    return None
 
 
 class Guard:
@@ -270,18 +320,21 @@ def main() -> int:
     guard = Guard(spec)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: guard.stop())
+    cwd = spec.get("cwd") or os.getcwd()
+    here = f"on {os.uname().nodename}, in {cwd}"
+    if not os.path.isdir(cwd):
+        sys.stderr.write(f"mxlbbsp: error: no folder {cwd} on {os.uname().nodename}\n")
+        return 126
+    path = (spec.get("env") or {}).get("PATH", os.environ.get("PATH"))
+    problem = command_problem(argv, cwd, path)
+    if problem:
+        sys.stderr.write(f"mxlbbsp: error: {problem} ({here})\n")
+        return BAD_COMMAND
     try:
         guard.start()
-    except FileNotFoundError:
-        cwd = spec.get("cwd") or os.getcwd()
-        if not os.path.isdir(cwd):
-            sys.stderr.write(f"mxlbbsp: error: no folder {cwd} on {os.uname().nodename}\n")
-            return 126
-        sys.stderr.write(f"mxlbbsp: error: command not found: {argv[0]!r} "
-                         f"(on {os.uname().nodename}, in {cwd})\n")
-        return NOT_FOUND
-    except (PermissionError, NotADirectoryError, OSError) as exc:
-        sys.stderr.write(f"mxlbbsp: error: cannot run {argv[0]!r}: {exc.strerror or exc}\n")
+    except OSError as exc:
+        sys.stderr.write(f"mxlbbsp: error: cannot run {argv[0]!r}: {exc.strerror or exc} "
+                         f"({here})\n")
         return 126
     threading.Thread(target=guard.watch_stdin, args=(pending,), daemon=True).start()
     if spec.get("cpu_every"):
@@ -289,6 +342,8 @@ def main() -> int:
                          daemon=True).start()
     rc = guard.wait()
     try:
+        if guard.child.returncode < 0:
+            os.write(1, f"{SIGNALLED} {-guard.child.returncode}\n".encode())
         os.write(1, f"{EXITED} {rc}\n".encode())
     except OSError:
         pass                                      # nobody listens any more

@@ -25,6 +25,7 @@ hosts that fail the pre-flight are left out (the workers' number shrinks to the 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import secrets
 import shlex
@@ -35,14 +36,14 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from mxlbbsp import _env, modes
+from mxlbbsp import NO_MXNET, _env, modes
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
 from . import ssh
 from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
-from .hostfile import LOCAL, Host, Placement, parse_hostfile, place
+from .hostfile import LOCAL, Host, Placement, local_ranks, place
 from .procs import Output, RoleProcess, local_transport, stop_all
 
 EXIT_CONFIG = 2
@@ -76,6 +77,19 @@ def stall_limit(setting: Optional[float], floors, iteration: int,
     if iteration < 0:
         return startup
     return max(running, STALL_MEDIANS * (iteration_s or 0.0))
+
+
+def _killed_by(signum: int, rc: int) -> str:
+    """"SIGSEGV (exit code 139)", SIGKILL with its usual senders; "signal N" for a number
+    without a name."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return (f"{name} (exit code {rc}: kill -9, or the kernel's out-of-memory killer, "
+                "see dmesg)")
+    return f"{name} (exit code {rc})"
 
 
 def _ranks(ranks) -> str:
@@ -118,7 +132,7 @@ class Job:
         self.reason: Optional[str] = None        # why the job failed, in a few words
         self.resume_from = config.resume_from()
         if self.remote:
-            self.hosts = hosts or parse_hostfile(config.hostfile)
+            self.hosts = hosts or config.hosts
             n = config.num_workers or sum(h.slots for h in self.hosts)
         else:
             n = config.num_workers
@@ -219,12 +233,13 @@ class Job:
             self.servers.append(self._role("server", r, host,
                                            [self._python(host), "-m", "mxlbbsp.server"], env))
         self.workers = []
+        local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
             env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0,
-                                       cfg.signal_columns))
+                                       cfg.signal_columns, local[r]))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
                                            self.resume_from))
@@ -287,6 +302,8 @@ class Job:
         if cfg.dry_run:
             print(self.describe())
             return 0
+        if not self.remote and importlib.util.find_spec("mxnet") is None:
+            raise ConfigError(NO_MXNET)      # the scheduler and the servers need it here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.remote:
@@ -530,6 +547,8 @@ class Job:
                     what = f"exited with code {rc}{where}: {p.error_line}"
                 elif p.exit_reason:
                     what = f"exited with code {rc}{where}: {p.exit_reason}"
+                elif p.signalled is not None:
+                    what = f"was killed by {_killed_by(p.signalled, rc)}{where}"
                 elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
                     sig = signal.Signals(-p.proc.returncode).name
                     what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "

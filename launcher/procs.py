@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, IO, List, Optional, Tuple
 
-from .guard import CPU, EXITED, STARTED
+from .guard import CPU, EXITED, SIGNALLED, STARTED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
@@ -135,6 +135,8 @@ class RoleProcess:
         self.connected = threading.Event()
         #: the command's exit code as the guard reported it (None: the guard did not say)
         self.reported_exit: Optional[int] = None
+        #: the signal that ended the command, as the guard reported it (None: none)
+        self.signalled: Optional[int] = None
         self.attempts = 0
         self._threads: List[threading.Thread] = []
         self._log = None
@@ -182,6 +184,13 @@ class RoleProcess:
         def run():
             for raw in iter(stream.readline, b""):
                 text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if to_stderr and text.startswith(ERROR_PREFIX):
+                    # (checked first: the guard's refusal on stderr may be read before its
+                    # start line on stdout, and is no transport message to hold back)
+                    self.error_line = text[len(ERROR_PREFIX):]
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
                 with self._early_lock:
                     if not self.connected.is_set():
                         if text == STARTED and not to_stderr:
@@ -198,13 +207,12 @@ class RoleProcess:
                     text, code = _guard_tail(text, EXITED, _exit_code)
                     if code is not None:
                         self.reported_exit = code
-                    if not text and (seconds is not None or code is not None):
+                    text, signum = _guard_tail(text, SIGNALLED, _exit_code)
+                    if signum is not None:
+                        self.signalled = signum
+                    if not text and (seconds is not None or code is not None
+                                     or signum is not None):
                         continue
-                if to_stderr and text.startswith(ERROR_PREFIX):
-                    self.error_line = text[len(ERROR_PREFIX):]
-                    if self._log is not None:
-                        self._log.write(text + "\n")
-                    continue
                 if to_stderr and text.startswith(EXIT_MARKER):
                     self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
                     if self._log is not None:

@@ -14,8 +14,8 @@ package in a process whose DMLC_ROLE is server never starts a parameter server b
 """
 __version__ = "0.1.0"
 
-__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "untimed", "__version__"]
-
+__all__ = ["DataLoader", "Trainer", "rank", "num_workers", "local_rank", "local_size",
+           "untimed", "__version__"]
 
 
 def rank() -> int:
@@ -28,6 +28,19 @@ def num_workers() -> int:
     """The number of workers of the job (1 in a single process)."""
     from . import _env
     return _env.num_workers() if _env.coordinator() is not None else 1
+
+
+def local_rank() -> int:
+    """This worker's index among the job's workers on its host, 0..local_size()-1 (0 in a
+    single process): e.g. its GPU, ``mx.gpu(mxlbbsp.local_rank())``."""
+    from . import _env
+    return _env.local_rank()
+
+
+def local_size() -> int:
+    """The number of the job's workers on this worker's host (1 in a single process)."""
+    from . import _env
+    return _env.local_size()
 
 
 def untimed():
@@ -45,11 +58,23 @@ def untimed():
 
 _LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}
 
+#: what to do when MXNet is missing: mxlbbsp depends on no MXNet build (the CPU wheel and the
+#: CUDA builds are different distributions of the one ``mxnet`` module)
+NO_MXNET = ("mxlbbsp needs MXNet in this Python, and none is installed: pip install "
+            "mxnet==1.9.1 for the CPU build (mxlbbsp's extra cpu), or one of MXNet's CUDA "
+            "builds for GPUs (e.g. pip install mxnet-cu112)")
+
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        try:
+            module = importlib.import_module(_LAZY[name], __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != "mxnet":
+                raise
+            raise ImportError(NO_MXNET) from None
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'mxlbbsp' has no attribute {name!r}")

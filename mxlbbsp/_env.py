@@ -25,6 +25,9 @@ MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections witho
 MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
 MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
+MXLBBSP_LOCAL_RANK     this worker's index among the job's workers on its host, 0..k-1
+                       (e.g. its GPU: mx.gpu(mxlbbsp.local_rank())); absent: 0
+MXLBBSP_LOCAL_SIZE     k, the number of the job's workers on this worker's host; absent: 1
 MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..."
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
@@ -61,6 +64,8 @@ TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
 RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
+LOCAL_RANK = "MXLBBSP_LOCAL_RANK"
+LOCAL_SIZE = "MXLBBSP_LOCAL_SIZE"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 SIGNALS = "MXLBBSP_SIGNALS"
@@ -82,6 +87,7 @@ RESERVED = {
     ROLE: None, PS_ROOT_URI: "--bind", PS_ROOT_PORT: None, NUM_SERVER: "-s/--num-servers",
     NUM_WORKER: "-n/--num-workers", NODE_HOST: "--bind", INTERFACE: "--ps-interface",
     COORDINATOR: "--bind", TOKEN: None, SYNC: "--sync", RANK: None, HOST: None,
+    LOCAL_RANK: None, LOCAL_SIZE: None,
     SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
     LR_SCALING: "--lr-scaling", SIGNALS: "--signals",
 }
@@ -130,6 +136,16 @@ def num_workers(env: Optional[Mapping[str, str]] = None) -> int:
 def rank(env: Optional[Mapping[str, str]] = None) -> int:
     """MXLBBSP_RANK (default 0)."""
     return _int(env, RANK, 0)
+
+
+def local_rank(env: Optional[Mapping[str, str]] = None) -> int:
+    """MXLBBSP_LOCAL_RANK (default 0)."""
+    return _int(env, LOCAL_RANK, 0)
+
+
+def local_size(env: Optional[Mapping[str, str]] = None) -> int:
+    """MXLBBSP_LOCAL_SIZE (default 1)."""
+    return _int(env, LOCAL_SIZE, 1)
 
 
 def sync(env: Optional[Mapping[str, str]] = None) -> str:
@@ -200,6 +216,8 @@ def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]
     if not (0 < startup < float("inf") and 0 < running < float("inf")):
         raise EnvError(f"{STALL_FLOORS}={raw!r}: expected STARTUP,RUNNING seconds > 0")
     return startup, running
+
+
 def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
     """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.courier.LR_SCALING`."""
     from .courier import LR_SCALING as rules
@@ -267,8 +285,9 @@ def signals(env: Optional[Mapping[str, str]] = None) -> Optional[tuple]:
 
 def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], token_: str,
                host_label: str, slowdown_spec: Optional[str] = None,
-               sample_cost_s: float = 0.0, signal_columns: Optional[tuple] = None) -> dict:
-    """The MXLBBSP_* variables for one worker."""
+               sample_cost_s: float = 0.0, signal_columns: Optional[tuple] = None,
+               local: Tuple[int, int] = (0, 1)) -> dict:
+    """The MXLBBSP_* variables for one worker; ``local``: (local rank, local size)."""
     host_, port = coordinator_addr
     env = {
         COORDINATOR: f"{host_}:{port}",
@@ -276,6 +295,8 @@ def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], to
         SYNC: sync_mode,
         RANK: str(rank_),
         HOST: host_label,
+        LOCAL_RANK: str(local[0]),
+        LOCAL_SIZE: str(local[1]),
     }
     if slowdown_spec:
         env[SLOWDOWN] = slowdown_spec

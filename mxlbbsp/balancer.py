@@ -212,22 +212,35 @@ class Balancer:
         #: prefer the equal split when it is within the threshold of the best (see
         #: _prefer_equal); the coordinator turns it on while the fixed cost dominates
         self.prefer_equal = bool(prefer_equal)
+        #: why the last allocate() chose what it chose, in a few words (for ``-v``)
+        self.decision = ""
 
     def allocate(self, model: TimeModel, total: int,
                  current: Optional[Sequence[int]] = None) -> np.ndarray:
         """The next allocation, or ``current`` when the gain is below the threshold."""
         new = allocate(model, total, self.min_batch, self.max_batch)
+        self.decision = "new split (no current one)"
         if current is None:
             return new
         current = np.asarray(current, dtype=np.int64)
         if current.shape != new.shape or int(current.sum()) != total:
+            self.decision = "new split (the global batch changed)"
             return new
         if np.any(current < self.min_batch) or (
                 self.max_batch is not None and np.any(current > np.asarray(self.max_batch))):
+            self.decision = "new split (the current one breaks a per-worker limit)"
             return new
         old_t, new_t = makespan(model, current), makespan(model, new)
-        if old_t <= 0 or (old_t - new_t) / old_t < self.threshold:
+        gain = (old_t - new_t) / old_t if old_t > 0 else 0.0
+        if np.array_equal(new, current):
+            self.decision = "the same split (still the predicted best)"
+        elif old_t <= 0 or gain < self.threshold:
             new = current
+            self.decision = (f"kept the split: a new one is predicted {100 * gain:.1f}% "
+                             f"faster, under the threshold {100 * self.threshold:g}%")
+        else:
+            self.decision = (f"new split: predicted {100 * gain:.1f}% faster than the "
+                             f"current one (threshold {100 * self.threshold:g}%)")
         return self._prefer_equal(model, total, new) if self.prefer_equal else new
 
     def _prefer_equal(self, model: TimeModel, total: int, chosen: np.ndarray) -> np.ndarray:
@@ -245,6 +258,11 @@ class Balancer:
             return chosen
         eq_t, ch_t = makespan(model, equal), makespan(model, chosen)
         if eq_t <= 0 or (eq_t - ch_t) / eq_t < self.threshold:
+            if not np.array_equal(equal, chosen):
+                gain = (eq_t - ch_t) / eq_t if eq_t > 0 else 0.0
+                self.decision = (f"equal split: the uneven one is predicted only "
+                                 f"{100 * gain:.1f}% faster, under the threshold "
+                                 f"{100 * self.threshold:g}%")
             return equal
         return chosen
 

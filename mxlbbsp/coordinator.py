@@ -174,6 +174,16 @@ class AutoRegime:
                     else np.full(3, np.nan)
         return self.fixed_dominates and not self.uneven
 
+    def describe(self) -> str:
+        """The regime in a few words (for ``-v``)."""
+        if self.compute_bound:
+            return "compute-bound for good: the linear model"
+        if not self.fixed_dominates:
+            return "the linear model"
+        if self.uneven:
+            return "the fixed cost dominates, but a worker is clearly slower: the linear model"
+        return "the fixed cost dominates (a tiny model): the equal split"
+
     def _probe_of(self, worker: int) -> np.ndarray:
         """[worker, its median batch, its median time] over the last PROBE iterations (NaN
         while fewer have been seen)."""
@@ -699,11 +709,19 @@ class Coordinator:
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
+            if self._sizes is not None:
+                log.debug("iteration %d: split %s (warm-up: no speed learnt yet)", t + 1,
+                          _shown(self._sizes))
             return
         kind = self.config.time_model
         if kind != "linear":
             self._fit.observe(batch, compute)
-        if kind == "auto" and self._regime.equal_split(self._fit, batch, compute):
+        regime = self._regime.describe()
+        equal = kind == "auto" and self._regime.equal_split(self._fit, batch, compute)
+        if kind == "auto" and self._regime.describe() != regime:
+            log.debug("iteration %d: time model: %s (fitted fixed share of the time %.0f%%)",
+                      t + 1, self._regime.describe(), 100 * self._fit.job_share)
+        if equal:
             model = self._equal_model(batch, compute)
             # the predictor still observes (whole-time speeds): no gaps in its lags
             if hasattr(self._predictor, "advance"):
@@ -727,6 +745,7 @@ class Coordinator:
         current = self._sizes
         if current is not None and int(current.sum()) != next_B:
             current = _bal.rescale(current, next_B)
+        self._balancer.decision = ""
         try:
             sizes = self._policy.plan(t, model, next_B, current)
         except _bal.AllocationError as exc:
@@ -737,6 +756,11 @@ class Coordinator:
         self._sizes = np.asarray(sizes)
         # What the predictor expects each worker's observed speed to be at t+1.
         self._predicted[t + 1] = self._sizes / model.time(self._sizes)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
+                      t + 1, _shown(self._sizes), int(self._sizes.sum()),
+                      _shown(self._predicted[t + 1]),
+                      self._balancer.decision or f"{self.config.sync}'s own split")
         self._predictor.learn()     # training, after the broadcast: off the critical path
 
     def _equal_model(self, batch, compute) -> _bal.TimeModel:
@@ -892,6 +916,16 @@ class _Connection(asyncio.Protocol):
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         self.coordinator._on_lost(self)
+
+
+def _shown(values, most: int = 16) -> str:
+    """Per-worker values (batch sizes, speeds) for a log line, rounded: all of them up to
+    ``most``, else a summary."""
+    values = np.asarray(values, dtype=float)
+    if len(values) <= most:
+        return ",".join(f"{v:.0f}" for v in values)
+    return (f"min {values.min():.0f}, median {np.median(values):.0f}, max "
+            f"{values.max():.0f} over {len(values)} workers")
 
 
 def _nan(x) -> float:

@@ -19,6 +19,52 @@ REQUIRED = ("iteration", "rank", "batch_size", "compute_s", "wait_s", "speed",
 
 #: what a user who gave a bad metrics file should give instead (for the commands that read one)
 HINT = "give a metrics file written by 'mxlbbsp launch --metrics'"
+#: integers from here on (in any field) are out of range: no float holds them exactly, and
+#: a 400-digit one does not convert to a float at all
+BIG = 2 ** 63
+
+
+def is_number(x) -> bool:
+    """A finite JSON number (not a bool, not an integer beyond the float range)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return abs(x) < BIG if isinstance(x, int) else math.isfinite(x)
+
+
+def _is_index(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < BIG
+
+
+#: every reader's checks of a record (report, trace, plan, the batch schedule): one place
+CHECKS = (
+    ("iteration", _is_index, "an integer >= 0"),
+    ("rank", _is_index, "an integer >= 0"),
+    ("batch_size", lambda x: is_number(x) and x >= 0, "a number >= 0"),
+    ("compute_s", lambda x: is_number(x) and x >= 0, "a number >= 0"),
+    ("speed", lambda x: is_number(x) and x >= 0, "a number >= 0"),
+    ("time", is_number, "a number"),
+    ("wait_s", lambda x: x is None or (is_number(x) and x >= 0), "a number >= 0 or null"),
+    ("predicted_speed", lambda x: x is None or is_number(x), "a number or null"),
+    ("sync", lambda x: isinstance(x, str) and x != "", "a sync mode such as \"lbbsp\""),
+)
+
+
+def _shown(value) -> str:
+    """A field's value for an error line: long ones cut (a 400-digit integer)."""
+    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and len(text) > 24:
+        return f"an integer of {len(text.lstrip('-'))} digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_record(rec: dict, where: str) -> None:
+    """MetricsError naming ``where`` (path:line) for a field no reader can use."""
+    for field, ok, what in CHECKS:
+        if not ok(rec[field]):
+            raise MetricsError(f"{where}: {field} is {_shown(rec[field])}, expected {what}")
+    for field, value in rec.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= BIG:
+            raise MetricsError(f"{where}: {field} is {_shown(value)}, out of range")
 
 
 class MetricsError(ValueError):
@@ -26,7 +72,8 @@ class MetricsError(ValueError):
 
 
 def load(path: str) -> List[dict]:
-    """The records of a metrics file, checked for the required fields."""
+    """The records of a metrics file, checked for the required fields and their types
+    (:data:`CHECKS`); a MetricsError names the file and line."""
     records = []
     try:
         fh = open(path, "rb")       # decoded line by line, so that an error names its line
@@ -50,6 +97,7 @@ def load(path: str) -> List[dict]:
             missing = [f for f in REQUIRED if f not in rec]
             if missing:
                 raise MetricsError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+            check_record(rec, f"{path}:{number}")
             records.append(rec)
     if not records:
         raise MetricsError(f"{path}: no records")
@@ -66,7 +114,7 @@ def by_rank(records: Iterable[dict]) -> Dict[int, List[dict]]:
 
 
 def _num(x) -> Optional[float]:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+    return float(x) if is_number(x) else None
 
 
 class Totals:

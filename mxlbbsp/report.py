@@ -133,41 +133,12 @@ class Run:
         return out
 
 
-def _is_num(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-_CHECKS = (
-    ("iteration", lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
-     "an integer >= 0"),
-    ("rank", lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
-     "an integer >= 0"),
-    ("batch_size", lambda x: _is_num(x) and x >= 0, "a number >= 0"),
-    ("compute_s", lambda x: _is_num(x) and x >= 0, "a number >= 0"),
-    ("speed", lambda x: _is_num(x) and x >= 0, "a number >= 0"),
-    ("time", _is_num, "a number"),
-    ("wait_s", lambda x: x is None or (_is_num(x) and x >= 0), "a number >= 0 or null"),
-    ("predicted_speed", lambda x: x is None or _is_num(x), "a number or null"),
-    ("sync", lambda x: isinstance(x, str) and x != "", "a sync mode such as \"lbbsp\""),
-)
-
-
-def _line_numbers(path: str) -> List[int]:
-    """The line number of each record, in the order :func:`metrics.load` returns them."""
-    with open(path) as fh:
-        return [n for n, line in enumerate(fh, start=1) if line.strip()]
+_is_num = metrics.is_number
 
 
 def _check(path: str, records: List[dict]) -> None:
-    lines = None
-    syncs = set()
-    for i, rec in enumerate(records):
-        for field, ok, what in _CHECKS:
-            if not ok(rec[field]):
-                lines = lines or _line_numbers(path)
-                raise InputError(f"{path}:{lines[i]}: {field} is {rec[field]!r}, "
-                                  f"expected {what}")
-        syncs.add(rec["sync"])
+    """One run per file (metrics.load has checked each record's fields)."""
+    syncs = {rec["sync"] for rec in records}
     if len(syncs) > 1:
         raise ReportError(f"{path}: records of several runs (sync {', '.join(sorted(syncs))}); "
                           "give each run its own metrics file")

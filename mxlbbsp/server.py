@@ -17,7 +17,14 @@ def main() -> int:
         sys.stderr.write("mxlbbsp.server: error: DMLC_ROLE must be 'server' or 'scheduler' "
                          f"(got {role!r}); `mxlbbsp launch` starts these processes for you\n")
         return 2
-    import mxnet  # noqa: F401  (serves until the workers finish, then calls sys.exit)
+    try:
+        import mxnet  # noqa: F401  (serves until the workers finish, then calls sys.exit)
+    except ModuleNotFoundError as exc:
+        if exc.name != "mxnet":
+            raise
+        from . import NO_MXNET
+        sys.stderr.write(f"mxlbbsp: error: {NO_MXNET}\n")
+        return 2
     return 0
 
 

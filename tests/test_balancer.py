@@ -270,3 +270,20 @@ def test_std_rows_is_numpys_nanstd():
         fit.observe(batch, 0.002 + 1e-4 * batch * rng.lognormal(0, 0.1, n))
     valid = np.isfinite(fit._t)
     assert fit.pooled_slope == pooled_slope(fit._b, fit._t, valid)[0]
+
+
+def test_the_balancer_says_why_it_chose_a_split():
+    """`launch -v` logs these: a new split and its predicted gain, or the split kept."""
+    from mxlbbsp.balancer import Balancer, TimeModel
+    b = Balancer(threshold=0.05)
+    model = TimeModel.linear(np.array([100.0, 100.0]))
+    assert list(b.allocate(model, 64, [31, 33])) == [31, 33]        # 3 % gain at most: kept
+    assert b.decision == ("kept the split: a new one is predicted 3.0% faster, under the "
+                          "threshold 5%"), b.decision
+    assert list(b.allocate(model, 64, [16, 48])) == [32, 32]
+    assert b.decision == ("new split: predicted 33.3% faster than the current one "
+                          "(threshold 5%)")
+    b.allocate(model, 64, [32, 32])
+    assert b.decision == "the same split (still the predicted best)"
+    b.allocate(model, 64)
+    assert b.decision == "new split (no current one)"

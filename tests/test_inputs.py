@@ -62,7 +62,7 @@ def test_bad_launch_option(args, needle):
 
 def test_reserved_names_are_every_variable_the_launcher_writes():
     written = set(_env.ps_env("worker", "h", 1, 1, 1, node_host="h", interface="lo"))
-    written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5, ("runq",)))
+    written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5, ("runq",), (0, 1)))
     from mxlbbsp import modes
     for name in modes.available():                   # the sync modes' own variables
         written |= set(modes.get(name).worker_env({}))
@@ -251,3 +251,111 @@ def test_metrics_file_system_fills_during_the_run(full_fs_with_room):
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, r.stderr
     assert f"cannot write the metrics file '{metrics}' (No space left on device)" in errors[0]
+
+
+# ---- issue 22: inputs that gave a traceback, passed silently or said too little ------------
+
+HUGE = 1_000_000_000_000
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-n", HUGE, "--dry-run"], f"-n/--num-workers {HUGE}: at most 65536 workers"),
+    (["-n", 1, "-s", HUGE], f"-s/--num-servers {HUGE}: at most 65536 servers"),
+    (["-n", 1, "--emulate-compute", "1e308"],
+     "--emulate-compute 1e+308: at most 60000 ms (a minute) of emulated compute per sample"),
+    (["-n", 1, "--checkpoint-dir", "/proc/nope/ckpt"],
+     "--checkpoint-dir '/proc/nope/ckpt': cannot create the folder"),
+    (["-n", 1, "--checkpoint-dir", "/proc/nope/ckpt", "--dry-run"],
+     "--checkpoint-dir '/proc/nope/ckpt': cannot create the folder in '/proc'"),
+    (["-n", 1, "--ssh-port", "2222"], "--ssh-port without -H"),
+])
+def test_out_of_range_launch_inputs(args, needle):
+    r = run_mxlbbsp("launch", "--progress", "0", *args, *QUICK)
+    assert needle in one_line_error(r)
+
+
+def test_a_hostfile_with_10_to_the_12_slots(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 slots={HUGE}\n")
+    line = one_line_error(run_mxlbbsp("launch", "-H", hosts, "--dry-run", *QUICK))
+    assert f"{hosts}:1: slots {HUGE} is more than 65536" in line
+
+
+def _metrics(path, **changes):
+    """Three good records, the second one changed."""
+    records = [dict(METRIC, iteration=i) for i in range(3)]
+    records[1].update(changes)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize("command, changes, needle", [
+    (["report", "-o", "out"], {"batch_size": 10 ** 400},
+     "m.jsonl:2: batch_size is an integer of 401 digits, expected a number >= 0"),
+    (["report", "-o", "out"], {"sync_s": 10 ** 400}, "m.jsonl:2: sync_s is an integer of 401 "
+                                                     "digits, out of range"),
+    (["trace", "-o", "t.csv"], {"rank": "one"}, "m.jsonl:2: rank is 'one', expected an "
+                                                "integer >= 0"),
+    (["trace", "-o", "t.csv"], {"rank": "1"}, "m.jsonl:2: rank is '1', expected an integer"),
+    (["plan", "--samples", "1000"], {"rank": "one"}, "m.jsonl:2: rank is 'one', expected"),
+])
+def test_bad_fields_of_a_metrics_file(tmp_path, command, changes, needle):
+    _metrics(tmp_path / "m.jsonl", **changes)
+    r = run_mxlbbsp(command[0], "m.jsonl", *command[1:], cwd=tmp_path)
+    assert needle in one_line_error(r, command[0])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--samples", HUGE * 10 ** 6], "--samples 1000000000000000000: must be in 1..1e+12"),
+    (["--samples", 1000, "--epochs", "1e300"], "--epochs 1e+300: must be a positive number"),
+    (["--samples", 1000, "--batch-range", f"64:{HUGE}"], f"the maximum {HUGE} is more than"),
+    (["--samples", HUGE, "--epochs", 10 ** 6],
+     "take 3.96e+08 years at best on its workers (speeds 40, 40"),
+])
+def test_plan_on_absurd_values(tmp_path, args, needle):
+    """A plan of absurd inputs printed a table of inf (or of 10^300 hours)."""
+    records = [dict(METRIC, iteration=i, rank=r, compute_s=0.1, speed=1000.0, sync_s=0.0)
+               for i in range(12) for r in range(2)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    r = run_mxlbbsp("plan", "m.jsonl", *args, cwd=tmp_path)
+    assert needle in one_line_error(r, "plan")
+
+
+def test_plan_on_times_near_the_float_range(tmp_path):
+    records = [dict(METRIC, iteration=i, rank=r, compute_s=1e300, speed=1e-299, sync_s=0.0)
+               for i in range(12) for r in range(2)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    r = run_mxlbbsp("plan", "m.jsonl", "--samples", 1000, cwd=tmp_path)
+    assert "check --samples, --epochs and the file's compute_s and speed" in \
+        one_line_error(r, "plan")
+
+
+@pytest.mark.parametrize("command, needle", [
+    (["python", "no_such_script.py", "--lr", "0.1"],
+     "python: can't open file 'no_such_script.py': no such file (in "),
+    ([PY, "-u", "-W", "ignore", "no_such_script.py"], "can't open file 'no_such_script.py'"),
+    (["./script.sh"], "permission denied: './script.sh' is not executable; make it "
+                      "executable (chmod +x ./script.sh) or run it with sh"),
+    (["./train.py"], "or run it with python, e.g. -- python ./train.py"),
+    (["no-such-command-xyz"], "command not found: 'no-such-command-xyz' is not on PATH"),
+    (["./no-such-command-xyz"], "command not found: './no-such-command-xyz'"),
+    (["./sub"], "'./sub' is a folder, not a command"),
+])
+def test_a_command_that_cannot_run_is_one_line(tmp_path, command, needle):
+    for name in ("script.sh", "train.py"):
+        (tmp_path / name).write_text("#!/bin/sh\nexit 0\n")      # not executable
+    (tmp_path / "sub").mkdir()
+    marker = uuid.uuid4().hex
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, "--", *command, cwd=tmp_path,
+                    marker=marker)
+    assert needle in one_line_error(r)
+    assert processes_with(marker) == []
+
+
+def test_python_options_before_the_script():
+    from mxlbbsp.launcher.guard import python_script
+    assert python_script(["python3.11", "-u", "-X", "dev", "-W", "ignore", "t.py", "a"]) == "t.py"
+    assert python_script(["/usr/bin/python", "--", "t.py"]) == "t.py"
+    for argv in (["python", "-m", "pkg"], ["python", "-mpkg"], ["python", "-c", "x"],
+                 ["python", "-"], ["python"], ["sh", "t.py"], ["pythonista", "t.py"]):
+        assert python_script(argv) is None, argv

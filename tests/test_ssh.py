@@ -5,6 +5,7 @@ starts the guards, the guards start real MXNet servers and workers. Every job ca
 fresh ``MXLBBSP_TEST_MARK`` (through ``--env``); afterwards no process may carry it and no
 sshd session may be left. The time bounds are the issue's failure bounds, not measurements.
 """
+import json
 import os
 import re
 import shutil
@@ -493,3 +494,38 @@ def test_over_ssh_ps_lite_itself_takes_the_interface(sshd, tmp_path):
     assert all(addrs == {address} for addrs in found.values()), (iface, found)
     assert wait_no_leftovers(marker) == []
     assert sshd.wait_no_sessions() == []
+
+
+def test_an_inline_host_list_and_local_ranks_over_two_hosts(sshd, tmp_path):
+    """`-H 127.0.0.1:2,127.0.0.2:1` (horovodrun's form, no hostfile): two workers on the
+    first host, one on the second, each told its index among the job's workers on its host."""
+    out = tmp_path / "argv"
+    probe = ROOT / "tests" / "scripts" / "argv_probe.py"
+    r = run_mxlbbsp("launch", "-H", "127.0.0.1:2,127.0.0.2:1", *sshd.launch_options(),
+                    "--progress", "0", PY, probe, out, "--lr", "0.1", timeout=180)
+    assert r.rc == 0, r.output
+    got = [json.loads((tmp_path / f"argv.{rank}.json").read_text()) for rank in range(3)]
+    assert [(p["rank"], p["local_rank"], p["local_size"]) for p in got] == [
+        (0, 0, 2), (1, 1, 2), (2, 0, 1)]
+    assert [p["argv"] for p in got] == [["--lr", "0.1"]] * 3
+    assert_nothing_left(sshd, r.marker)
+
+
+@pytest.mark.parametrize("command, needle", [
+    (["./script.sh"], "permission denied: './script.sh' is not executable; make it executable"),
+    (["python", "no_such_script.py"], "python: can't open file 'no_such_script.py': no such "
+                                      "file"),
+])
+def test_a_command_that_cannot_run_on_a_remote_host_is_named(sshd, tmp_path, command, needle):
+    """Over SSH the launcher cannot look at the command's host: the guard there refuses it
+    (exit 2) and the launcher's line says why."""
+    (tmp_path / "script.sh").write_text("#!/bin/sh\nexit 0\n")     # not executable
+    r = run_mxlbbsp("launch", "-H", "127.0.0.2:1", *sshd.launch_options(), "--progress", "0",
+                    "--", *command, cwd=tmp_path, timeout=120)
+    assert r.rc == 2, r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.output
+    assert f"error: worker 0 exited with code 2 on 127.0.0.2: {needle}" in errors[0]
+    assert f"(on {os.uname().nodename}, in {tmp_path})" in errors[0]
+    assert "Traceback" not in r.output
+    assert_nothing_left(sshd, r.marker)

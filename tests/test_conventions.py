@@ -1,0 +1,84 @@
+"""The launcher's conventions that users bring from torchrun and horovodrun (issue 22), with
+real jobs: the launcher's options end at the command's first word, ``--`` or not; each worker
+knows its local rank; ``launch -v`` logs every allocation."""
+import json
+import re
+import signal
+
+import pytest
+
+from conftest import EXAMPLE, PY, ROOT, run_mxlbbsp
+
+pytestmark = pytest.mark.cluster
+
+PROBE = ROOT / "tests" / "scripts" / "argv_probe.py"
+
+
+def probes(out, n):
+    return [json.loads((out.parent / f"{out.name}.{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("dashes", [[], ["--"]], ids=["without --", "with --"])
+def test_options_after_the_command_are_the_commands(tmp_path, dashes):
+    """`mxlbbsp launch -n 2 python x.py --lr 0.1 --epochs 3 ...`: every option after the
+    command's first word goes to the command, even those the launcher has (--epochs,
+    --metrics, --checkpoint-dir, -n), with or without --."""
+    out = tmp_path / "argv"
+    args = ["--lr", "0.1", "--epochs", "3", "--metrics", "m.jsonl", "--checkpoint-dir", "ckx",
+            "-n", "5", "--", "x"]
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, *dashes, PY, PROBE, out, *args,
+                    cwd=tmp_path)
+    assert r.rc == 0, r.output
+    got = probes(out, 2)
+    assert [p["argv"] for p in got] == [args, args]
+    assert [p["num_workers"] for p in got] == [2, 2]
+    assert not (tmp_path / "ckx").exists() and not (tmp_path / "m.jsonl").exists()
+    assert not (tmp_path / f"{out.name}.2.json").exists()
+    # and each worker's place on this machine (one host: all of the job's workers)
+    assert [(p["local_rank"], p["local_size"]) for p in got] == [(0, 2), (1, 2)]
+
+
+def test_a_single_process_is_local_rank_0_of_1(tmp_path):
+    import subprocess
+    out = tmp_path / "argv"
+    subprocess.run([PY, PROBE, out, "a"], check=True, timeout=60)
+    (p,) = probes(out, 1)
+    assert (p["rank"], p["local_rank"], p["local_size"], p["num_workers"]) == (0, 0, 1, 1)
+
+
+ALLOCATION = re.compile(r"^\[mxlbbsp\] iteration (\d+): split (\d+),(\d+) of 64; predicted "
+                        r"speeds (\d+),(\d+) samples/s; (.+)$", re.M)
+
+
+@pytest.mark.parametrize("where", [["launch", "-v"], ["-v", "launch"]])
+def test_verbose_logs_every_allocation(where):
+    r = run_mxlbbsp(*where, "-n", 2, "--progress", 0, "--emulate-slowdown", "1,3", "--",
+                    PY, EXAMPLE, "--model", "mlp", "--data", "digits", "--iterations", 8,
+                    "--batch-size", 64, "--log-interval", 100, timeout=300)
+    assert r.rc == 0, r.output
+    found = ALLOCATION.findall(r.stderr)
+    # iterations 2..8 are planned from measured speeds (1 is the warm-up's)
+    assert [int(f[0]) for f in found] == list(range(2, 9)), r.stderr
+    for f in found:
+        assert int(f[1]) + int(f[2]) == 64 and int(f[1]) > 0 and int(f[2]) > 0
+        assert f[5].startswith(("new split", "kept the split", "the same split",
+                                "equal split")), f
+    assert "[mxlbbsp] iteration 1: split 32,32 (warm-up" in r.stderr
+    assert "Using selector" not in r.output and "DEBUG" not in r.output
+
+
+@pytest.mark.parametrize("sig, name", [("SIGKILL", "SIGKILL (exit code 137: kill -9, or the "
+                                        "kernel's out-of-memory killer, see dmesg)"),
+                                       ("SIGSEGV", "SIGSEGV (exit code 139)")])
+def test_a_worker_killed_by_a_signal_is_named(tmp_path, sig, name):
+    script = tmp_path / "die.py"
+    script.write_text("import os, signal, time\n"
+                      "import mxlbbsp\n"
+                      "if mxlbbsp.rank() == 1:\n"
+                      f"    time.sleep(1); os.kill(os.getpid(), signal.{sig})\n"
+                      "time.sleep(120)\n")
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, "--", PY, script, timeout=120)
+    assert r.rc == 128 + getattr(signal, sig), r.output
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    assert f"error: worker 1 was killed by {name}; stopping" in errors[0]
