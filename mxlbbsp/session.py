@@ -364,6 +364,11 @@ class Session:
             self._send(msg)
         self.reported = self.iteration
 
+    def send_scalars(self, iteration: int, values: Dict[str, float]) -> None:
+        """The script's values of ``iteration`` (:func:`mxlbbsp.log`) to the coordinator."""
+        if self.coordinated:
+            self._send(P.log(iteration, values))
+
     def before_push(self) -> None:
         """Call between :meth:`gradients_ready` and the push: whatever the mode waits for."""
         self.mode.before_push(self)
