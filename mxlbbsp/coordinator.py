@@ -345,19 +345,22 @@ class Coordinator:
                 "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
                 "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
                 "regime": object_state(self._regime),
-                "metrics_records": self._written, "totals": self._totals_through().state()}
+                **self._through()}
 
-    def _totals_through(self) -> _metrics.Totals:
-        """The summary's totals with the complete records not yet written added (the records
-        a checkpoint of the last finished iteration covers)."""
+    def _through(self) -> dict:
+        """metrics_records and the summary's totals (``totals``) through the last finished
+        iteration, the complete records not yet written included (a record is written once
+        its worker has moved on: _flush_records): what a checkpoint of it covers."""
         totals = _metrics.Totals(self._totals.skip)
         totals.load(self._totals.state())
+        pending = 0
         for (t, rank) in sorted(self._records):
             parts = self._records[(t, rank)]
             if t <= self._iteration and "report" in parts and "done" in parts:
                 totals.add(self._record(t, rank, parts["report"], parts["done"],
                                         parts.get("scalars")))
-        return totals
+                pending += 1
+        return {"metrics_records": self._written + pending, "totals": totals.state()}
 
     def _fresh_balancing(self) -> None:
         """The predictor, the time-model fit and the auto regime, knowing nothing yet."""

@@ -169,9 +169,7 @@ class Totals:
             return None
         iteration_s = [p["mean_iteration_s"] for p in per_rank.values()]
         mean_iteration = sum(iteration_s) / len(iteration_s)
-        compute = [p["mean_compute_s"] for p in per_rank.values()]
-        share = sum(compute) / len(compute) / mean_iteration \
-            if mean_iteration > 0 and math.isfinite(mean_iteration) else float("nan")
+        share = compute_share(per_rank, mean_iteration)
         return {
             **self._job,
             "compute_share": share,
@@ -187,15 +185,16 @@ class Totals:
 
 
 def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
-    """How much faster the iteration could be with every worker's batch proportional to its
-    measured speed than with the equal split (0.25: 25 % more samples/s); NaN when unknown.
+    """At most how much faster any split of the global batch could make this run's iteration
+    (0.25: 25 % more samples/s); NaN when unknown. From the measured figures only.
 
-    From the measured figures only (each worker's mean batch b_i, mean compute time c_i, so
-    its speed s_i = b_i / c_i; the mean iteration time T): the part of T that is not the
-    slowest worker's compute (push/pull, allocation) stays; the compute part is the slowest
-    worker's at the equal split, B / n / min(s_i), against B / sum(s_i) balanced (B = sum
-    b_i). Compute time is taken as proportional to the batch, which is when balancing gains
-    most: a fixed cost per iteration only lowers the gain, so this is an upper bound.
+    The part of the mean iteration time T that is not the slowest worker's mean compute time
+    (push/pull, allocation) stays whatever the split. Two bounds, the smaller is returned:
+    compute taking no time at all (T / rest), and compute proportional to the batch with the
+    batch split in proportion to the workers' measured speeds s_i = b_i / c_i (rest + B /
+    sum(s_i), B = sum b_i), which is when balancing gains most (a fixed cost per iteration
+    only lowers the gain; speeds measured on tiny batches are too low, which the first bound
+    catches).
     """
     rows = [p for p in per_rank.values() if p["mean_compute_s"] > 0 and p["mean_batch"] > 0]
     if len(rows) != len(per_rank) or not rows or not mean_iteration_s > 0 \
@@ -205,9 +204,18 @@ def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
     total = sum(p["mean_batch"] for p in rows)
     slowest = max(p["mean_compute_s"] for p in rows)
     rest = max(mean_iteration_s - slowest, 0.0)
-    equal = rest + total / len(rows) / min(speeds)
     balanced = rest + total / sum(speeds)
-    return max(equal / balanced - 1.0, 0.0)
+    linear = mean_iteration_s / balanced - 1.0 if balanced > 0 else float("inf")
+    bound = mean_iteration_s / rest - 1.0 if rest > 0 else float("inf")
+    return max(min(linear, bound), 0.0)
+
+
+def compute_share(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
+    """The slowest worker's mean compute time over the mean iteration time: the share of the
+    iteration that any balancing works on (the rest is push/pull and allocation)."""
+    if not mean_iteration_s > 0 or not math.isfinite(mean_iteration_s):
+        return float("nan")
+    return min(max(p["mean_compute_s"] for p in per_rank.values()) / mean_iteration_s, 1.0)
 
 
 #: a local batch of this many samples or fewer is a starved worker's
@@ -233,16 +241,16 @@ def diagnose(summary: Optional[dict]) -> List[str]:
     sync = summary.get("sync")
     share, gain = summary.get("compute_share"), summary.get("balance_gain")
     if isinstance(share, float) and math.isfinite(share) and share < COMPUTE_SMALL:
-        text = (f"compute is only {share:.0%} of the iteration (the rest is the push/pull and "
-                "waiting)")
+        text = (f"compute is only {share:.0%} of the iteration (the slowest worker's; the "
+                "rest is the push/pull and waiting for allocations)")
         if sync != "asp" and isinstance(gain, float) and math.isfinite(gain):
             per = summary["per_rank"].values()
             speeds = [p["mean_batch"] / p["mean_compute_s"] for p in per
                       if p["mean_compute_s"] > 0]
             spread = max(speeds) / min(speeds) if speeds and min(speeds) > 0 else 1.0
-            text += (f": balancing cannot gain more than {_pct(gain)} here over the equal "
-                     f"split (the workers' speeds differ by {spread:.2f}x); a larger model or "
-                     "a larger batch per worker gains more")
+            text += (f": balancing cannot gain more than {_pct(gain)} here (the workers' "
+                     f"measured speeds differ by {spread:.2f}x); a larger model or a larger "
+                     "batch per worker gains more")
         out.append(text)
     starved = [(r, p) for r, p in summary["per_rank"].items()
                if p["iterations"] and p["starved"] > STARVED_SHARE * p["iterations"]]

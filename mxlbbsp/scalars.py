@@ -62,8 +62,7 @@ def to_number(name: str, value) -> float:
     if arr.dtype.kind not in "biuf" or arr.dtype.kind == "b":
         raise ScalarError(f"{name}: a {type(value).__name__} of {arr.dtype} is not a number")
     if arr.size != 1:
-        raise ScalarError(f"{name}: an array of shape {tuple(arr.shape)} is not one number "
-                          "(log its mean, e.g. loss.mean())")
+        raise ScalarError(f"{name}: an array of shape {tuple(arr.shape)} is not one number")
     return float(arr.reshape(()))
 
 
