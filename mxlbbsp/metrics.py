@@ -189,12 +189,11 @@ def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
     (0.25: 25 % more samples/s); NaN when unknown. From the measured figures only.
 
     The part of the mean iteration time T that is not the slowest worker's mean compute time
-    (push/pull, allocation) stays whatever the split. Two bounds, the smaller is returned:
-    compute taking no time at all (T / rest), and compute proportional to the batch with the
-    batch split in proportion to the workers' measured speeds s_i = b_i / c_i (rest + B /
-    sum(s_i), B = sum b_i), which is when balancing gains most (a fixed cost per iteration
-    only lowers the gain; speeds measured on tiny batches are too low, which the first bound
-    catches).
+    (push/pull, allocation) stays whatever the split; the compute part becomes B / sum(s_i)
+    with the batch split in proportion to the workers' measured speeds s_i = b_i / c_i (B =
+    sum b_i). Compute time is taken as proportional to the batch, which is when balancing
+    gains most: a fixed cost per iteration only lowers the gain. (Never more than compute
+    taking no time at all would gain, T / rest - 1.)
     """
     rows = [p for p in per_rank.values() if p["mean_compute_s"] > 0 and p["mean_batch"] > 0]
     if len(rows) != len(per_rank) or not rows or not mean_iteration_s > 0 \
@@ -205,9 +204,7 @@ def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
     slowest = max(p["mean_compute_s"] for p in rows)
     rest = max(mean_iteration_s - slowest, 0.0)
     balanced = rest + total / sum(speeds)
-    linear = mean_iteration_s / balanced - 1.0 if balanced > 0 else float("inf")
-    bound = mean_iteration_s / rest - 1.0 if rest > 0 else float("inf")
-    return max(min(linear, bound), 0.0)
+    return max(mean_iteration_s / balanced - 1.0, 0.0)
 
 
 def compute_share(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
