@@ -552,7 +552,7 @@ def plot_plan(run: Run, path: str) -> str:
         ax2.set_ylim(0, max(top, must) * 1.15)
         ax2.set_ylabel("seconds")
         ax2.set_title("Predicted finish of the remaining work against the deadline", loc="left")
-        ax2.legend(loc="lower right", fontsize=8)
+        ax2.legend(loc="best", fontsize=8)
         ax3.plot(its, lr, drawstyle="steps-mid", lw=1.4, color="#2ca02c")
         ax3.set_ylim(bottom=0)
         ax3.set_ylabel("lr factor")
@@ -764,7 +764,10 @@ def plot_scalars(runs: Sequence[Run], path: str) -> str:
                 if len(pts) < 30:
                     style.update(marker="o", ms=3.5)
                 axt.plot(when, val, **style)
-                axi.plot(its, val, **style)
+                # against iterations, runs of an exact method coincide: earlier runs are
+                # drawn wider beneath later ones, so that each shows as an edge
+                wide = 1.6 + 3.0 * (len(runs) - 1 - i) / max(len(runs) - 1, 1)
+                axi.plot(its, val, **dict(style, lw=wide))
                 bad = ~np.isfinite(val)
                 if bad.any():          # NaN or infinite: a diverged run, marked at the bottom
                     axt.plot(when[bad], np.zeros(bad.sum()), "x", color=style["color"])
@@ -775,7 +778,8 @@ def plot_scalars(runs: Sequence[Run], path: str) -> str:
                 ax.set_xlim(left=0)
             _int_xaxis(axi)
             axt.set_title(f"{name} against wall time", loc="left")
-            axi.set_title(f"{name} against iterations", loc="left")
+            axi.set_title(f"{name} against iterations" + (
+                " (an edge: runs that coincide)" if len(runs) > 1 else ""), loc="left")
             axt.legend(loc="best")
         fig.suptitle("Logged values (mxlbbsp.log): per iteration, the batch-weighted mean over "
                      "the workers that logged them")
@@ -1022,7 +1026,9 @@ def _html(runs: Sequence[Run], images: List[Dict[str, str]], compare: Optional[s
         parts.append(f'<figure><img src="{html.escape(scalars)}" alt="logged values">'
                      "<figcaption>What the scripts gave <code>mxlbbsp.log</code>, against wall "
                      "time since each run's first report (left) and against iterations "
-                     "(right), one line per run; per iteration the mean over the workers that "
+                     "(right), one line per run (on the right each run is drawn narrower than the one "
+                     "before, so that runs that coincide, as BSP and LB-BSP do, show as an "
+                     "edge); per iteration the mean over the workers that "
                      "logged the value, weighted by their batch sizes. A cross at the bottom: "
                      "NaN or infinite (diverged).</figcaption></figure>")
     for run, imgs, anchor in zip(runs, images, anchors):
