@@ -701,6 +701,11 @@ class Coordinator:
                     f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                     "the global batch size")
         low = self.config.min_batch
+        smallest = getattr(self._policy, "lo", None)        # courier: --batch-range's minimum
+        if low is not None and isinstance(smallest, int) and low * n > smallest:
+            return (f"--min-batch-size {low} is more than --batch-range's minimum {smallest} / "
+                    f"{n} workers ({smallest // n} each): every worker must be able to get it; "
+                    f"use at most {smallest // n}, or raise the --batch-range minimum")
         if low is not None and low * n > B:
             return (f"--min-batch-size {low} is more than the global batch size {B} / {n} "
                     f"workers ({B // n} each): every worker must be able to get it; use at most "

@@ -259,3 +259,11 @@ def test_min_batch_size_holds_for_a_much_slower_worker(coordinator):
         s.close()
     rows = finished_records(c)
     assert min(r["batch_size"] for r in rows) == 6       # it got the minimum, not less
+
+
+def test_min_batch_size_above_couriers_smallest_batch_is_refused(coordinator):
+    c = coordinator(2, sync="courier", min_batch=40,
+                    sync_options={"deadline": "60s", "epochs": 1, "batch_range": "64:512"})
+    sessions(c, 2, B=64, sync="courier")
+    assert c.failure_kind == "config" and c.failure.startswith(
+        "--min-batch-size 40 is more than --batch-range's minimum 64 / 2 workers (32 each)")
