@@ -113,6 +113,7 @@ def main(argv=None):
                 loss = loss_fn(net(data), label)   # per-sample losses
             loss.backward()                        # sums per-sample gradients
             trainer.step()                         # / B: exactly large-batch SGD  # mxlbbsp
+            mxlbbsp.log(loss=loss.mean())          # the curve `mxlbbsp report` draws # mxlbbsp
             iteration += 1
             if rank == 0 and args.log_interval and iteration % args.log_interval == 0:
                 log.info("epoch %d iteration %d: loss %.4f, local batch %d, %.1f samples/s "
@@ -123,6 +124,7 @@ def main(argv=None):
                 train_s = t0 - started - eval_s    # training time so far, evaluations left out
                 with mxlbbsp.untimed():            # not rank 0's compute  # mxlbbsp
                     accuracy = evaluate(net, test_batches)
+                mxlbbsp.log(accuracy=accuracy)                                 # mxlbbsp
                 eval_s += time.time() - t0
                 log.info("eval: iteration=%d accuracy=%.4f train_s=%.3f eval_s=%.3f time=%.3f",
                          iteration, accuracy, train_s, eval_s, t0)

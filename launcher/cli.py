@@ -172,6 +172,10 @@ def cli(verbose):
                    "predicted to be this much faster.")
 @click.option("--max-batch-size", type=int, metavar="B",
               help="Most samples one worker may get per iteration (e.g. its memory).")
+@click.option("--min-batch-size", type=int, metavar="B",
+              help="Fewest samples one worker gets per iteration (default: 1, or for a model "
+                   "with BatchNorm layers 8, at most half of global batch / N): a worker "
+                   "starved of samples makes noisy updates and useless BatchNorm statistics.")
 @click.option("--emulate-slowdown", metavar="SPEC",
               help="Stretch each worker's compute: '1,1,3' (one factor per worker) or a CSV "
                    "trace with columns iteration,rank,slowdown.")
@@ -180,6 +184,9 @@ def cli(verbose):
                    "heavier model without the CPU contention, for experiments.")
 @click.option("--metrics", metavar="PATH",
               help="Write one JSON record per worker per iteration here (JSON Lines).")
+@click.option("--tensorboard", metavar="DIR",
+              help="Also write TensorBoard event files here (tensorboardX): the values the "
+                   "script gives mxlbbsp.log, and each worker's speed and batch size.")
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
               help="Set a variable for every process (repeatable).")
 @click.option("--log-dir", metavar="DIR",
@@ -228,7 +235,8 @@ def cli(verbose):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
-           max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
+           max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
+           tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
            command):
@@ -239,7 +247,8 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
-        exog=exog, signals=signal_spec, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
+        exog=exog, signals=signal_spec, threshold=threshold, max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+        tensorboard=tensorboard, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,

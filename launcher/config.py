@@ -182,6 +182,8 @@ class LaunchConfig:
     signals: str = "auto"                     # what the workers read besides (--signals)
     threshold: float = 0.03
     max_batch_size: Optional[int] = None
+    min_batch_size: Optional[int] = None      # None: auto (coordinator.auto_min_batch)
+    tensorboard: Optional[str] = None         # folder for TensorBoard event files
     emulate_slowdown: Optional[str] = None
     emulate_compute: Optional[float] = None   # ms of emulated compute per sample
     metrics: Optional[str] = None
@@ -287,6 +289,19 @@ class LaunchConfig:
                               f"{MAX_SAMPLE_MS:g} ms (a minute) of emulated compute per sample")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
+        if self.min_batch_size is not None and self.min_batch_size < 1:
+            raise ConfigError(f"--min-batch-size must be at least 1 (got {self.min_batch_size})")
+        if self.min_batch_size is not None and self.max_batch_size is not None \
+                and self.min_batch_size > self.max_batch_size:
+            raise ConfigError(f"--min-batch-size {self.min_batch_size} is above --max-batch-size "
+                              f"{self.max_batch_size}; give a minimum <= the maximum")
+        if self.tensorboard is not None:
+            try:
+                import tensorboardX  # noqa: F401
+            except ImportError:
+                raise ConfigError("--tensorboard needs tensorboardX: pip install "
+                                  "tensorboardX (see requirements.txt)") from None
+            check_output_dir(self.tensorboard, "--tensorboard", create=not self.dry_run)
         _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
         _finite(self.progress, "--progress", "seconds between progress lines, 0 for none")
         _finite(self.stall_timeout, "--stall-timeout", "seconds")

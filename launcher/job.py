@@ -37,6 +37,7 @@ import time
 from typing import Dict, List, Optional
 
 from mxlbbsp import NO_MXNET, _env, modes
+from mxlbbsp import metrics as _metrics
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
@@ -130,6 +131,8 @@ class Job:
         self.output = output or Output(None if config.dry_run else config.log_dir)
         self.remote = config.hostfile is not None
         self.reason: Optional[str] = None        # why the job failed, in a few words
+        self.since: Optional[float] = None       # monotonic start of the first attempt
+        self.attempt = 0                          # restarts before this attempt
         self.resume_from = config.resume_from()
         if self.remote:
             self.hosts = hosts or config.hosts
@@ -337,7 +340,8 @@ class Job:
             num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
             predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
             exog=cfg.exog_columns,
-            max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
+            max_batch=cfg.max_batch_size, min_batch=cfg.min_batch_size,
+            tensorboard_dir=cfg.tensorboard, metrics_path=cfg.metrics, host=self.bind,
             slowdown=cfg.slowdown, sync_options=cfg.sync_options,
             checkpoint_dir=cfg.checkpoint_dir,
             checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
@@ -566,17 +570,25 @@ class Job:
         deadline = time.monotonic() + 10.0
         for p in self.servers + [self.scheduler]:
             p.wait(max(0.0, deadline - time.monotonic()))
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - (self.since if self.since is not None else started)
+        restarts = f" (the whole job, {self.attempt} restart(s))" if self.attempt else ""
         summary = self.coordinator.summary()
         if summary:
+            share = summary["compute_share"]
             self.output.say(
-                f"done in {elapsed:.1f} s: {summary['iterations']} iterations after the "
-                f"warm-up, "
+                f"done in {elapsed:.1f} s{restarts}: {summary['iterations']} iterations after "
+                f"the warm-up, "
                 f"{summary['samples_per_s']:.1f} samples/s, workers waited "
                 f"{100 * summary['wait_share']:.1f}% of the time"
-                + (f"; metrics in {self.config.metrics}" if self.config.metrics else ""))
+                + (f", compute {100 * share:.0f}% of the iteration"
+                   if share == share else "")
+                + (f"; metrics in {self.config.metrics}" if self.config.metrics else "")
+                + (f"; TensorBoard files in {self.config.tensorboard}"
+                   if self.config.tensorboard else ""))
+            for line in _metrics.diagnose(summary):
+                self.output.say(f"note: {line}")
         else:
-            self.output.say(f"done in {elapsed:.1f} s")
+            self.output.say(f"done in {elapsed:.1f} s{restarts}")
         return 0
 
     def _print_progress(self, elapsed: float) -> None:
@@ -640,11 +652,36 @@ def _reachable(job: Job) -> tuple:
     return ok, [f"{name} unreachable" for name, r in results.items() if r]
 
 
+def _finished(job: Job) -> Optional[int]:
+    """0 (after saying so) when the same command runs again after its job ended normally:
+    the checkpoint that --checkpoint-dir would resume from is the job's final one, so there
+    is nothing to do; else None. An explicit --resume of a final checkpoint runs (to train
+    on, e.g. more epochs or on other workers; a script asking for no more ends at once)."""
+    path = job.resume_from
+    if not path or job.config.dry_run:
+        return None
+    manifest = _ckpt.read_manifest(path)
+    if not manifest.get("final"):
+        return None
+    if job.config.resume:
+        job.output.say(f"{path} is the final checkpoint of a job that ended normally after "
+                       f"iteration {manifest['iteration']}: the script goes on from there")
+        return None
+    job.output.say(f"nothing to do: {path} is the final checkpoint of a job that ended "
+                   f"normally after iteration {manifest['iteration']}; to train again from "
+                   "scratch, give another --checkpoint-dir")
+    return 0
+
+
 def run_job(config: LaunchConfig) -> int:
     """Run the job; with ``--restarts N``, start it again from the latest checkpoint after a
     failure, up to N times, printing what happened and why."""
     requested = config.num_workers
+    since = time.monotonic()
     job = Job(config)
+    done = _finished(job)
+    if done is not None:
+        return done
     rc = job.run()
     for attempt in range(1, config.restarts + 1):
         if rc in NO_RESTART or config.dry_run:
@@ -671,5 +708,6 @@ def run_job(config: LaunchConfig) -> int:
         job.output.say(f"restart {attempt}/{config.restarts} from iteration {iteration} on "
                        f"{n} worker(s) ({why})")
         job = Job(config, output=job.output, hosts=hosts)
+        job.since, job.attempt = since, attempt
         rc = job.run()
     return rc

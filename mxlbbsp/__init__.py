@@ -15,7 +15,7 @@ package in a process whose DMLC_ROLE is server never starts a parameter server b
 __version__ = "0.1.0"
 
 __all__ = ["DataLoader", "Trainer", "rank", "num_workers", "local_rank", "local_size",
-           "untimed", "__version__"]
+           "untimed", "log", "__version__"]
 
 
 def rank() -> int:
@@ -54,6 +54,21 @@ def untimed():
     from . import session
     current = session.current()
     return current.untimed() if current is not None else contextlib.nullcontext()
+
+
+def log(loss=None, accuracy=None, **scalars) -> None:
+    """Record this iteration's loss, accuracy or any other named number of the script::
+
+        mxlbbsp.log(loss=loss.mean(), accuracy=acc, lr=trainer.learning_rate)
+
+    Values: Python numbers or one-element arrays (numpy, MXNet NDArray). Inside a job they go
+    into this worker's metrics record of the current iteration (``scalars``), which
+    ``mxlbbsp report`` plots against time and iterations and ``--tensorboard DIR`` writes for
+    TensorBoard; in a single process they are only kept in memory. A value that is not one
+    number stops the script with one line (exit code 2). See :mod:`mxlbbsp.scalars`.
+    """
+    from .scalars import log as _log
+    _log(loss, accuracy, **scalars)
 
 
 _LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}

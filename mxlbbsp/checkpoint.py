@@ -8,7 +8,10 @@ Layout of a checkpoint folder (``--checkpoint-dir DIR``)::
                                 learning-rate schedule's position): MXNet's Updater format
         manifest.json           written last: iteration, global batch, data set size, the
                                 loader's position (epoch, index in the epoch), the model's
-                                signature (parameter names and shapes)
+                                signature (parameter names and shapes); ``final``: true in
+                                the checkpoint rank 0 writes when the script ends normally
+                                (the launcher then says the job is finished, and starts
+                                nothing)
     DIR/coordinator-00000119.json   the coordinator's state after the same iteration
                                 (predictor, balancer's split, fitted time models, how many
                                 metrics records were written); optional for exactness
@@ -241,8 +244,10 @@ def _signature(params) -> List[list]:
     return [[p.name, [int(d) for d in (p.shape or ())]] for p in params]
 
 
-def save_trainer(trainer, directory: str) -> str:
-    """Rank 0's checkpoint after the last ``trainer.step()``: see the module docstring."""
+def save_trainer(trainer, directory: str, final: bool = False) -> str:
+    """Rank 0's checkpoint after the last ``trainer.step()``: see the module docstring.
+    ``final``: the job ended normally after this iteration (its manifest says so: a job
+    started from it has nothing to do)."""
     from . import session as _session
     sess = _session.current()
     if sess is None or sess.iteration < 0:
@@ -264,6 +269,8 @@ def save_trainer(trainer, directory: str) -> str:
         "sync": sess.sync,
         "params": _signature(trainer._params),
     }
+    if final:
+        manifest["final"] = True
     def write_params(path):
         with open(path, "wb") as f:
             np.savez(f, **arrays)

@@ -206,6 +206,21 @@ class AutoRegime:
         """The last PROBE rows of per-worker values, ``values`` the newest."""
         return np.concatenate([rows[1:], np.asarray(values, dtype=float)[None, :]])
 
+#: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
+#: given: their statistics come from each worker's own batch, and batch norm degrades quickly
+#: below about 8 samples per device (Wu & He, "Group Normalization", 2018, fig. 1); at most a
+#: half of the equal share B / (2 n), so that a slow worker can still be given less
+BATCHNORM_MIN_BATCH = 8
+
+
+def auto_min_batch(global_batch: int, num_workers: int, batchnorm: bool) -> int:
+    """The default --min-batch-size: 1 without BatchNorm, else BATCHNORM_MIN_BATCH capped at
+    half the equal share."""
+    if not batchnorm:
+        return 1
+    return max(1, min(BATCHNORM_MIN_BATCH, global_batch // (2 * num_workers)))
+
+
 #: "refused a connection" warnings: the first few one by one, then one line per interval
 REFUSALS_SHOWN = 5
 REFUSAL_SUMMARY_S = 10.0
@@ -223,6 +238,10 @@ class CoordinatorConfig:
     exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
     threshold: float = 0.03
     max_batch: Optional[int] = None       # per-worker cap from the command line
+    #: per-worker minimum (--min-batch-size); None: auto, 1 unless the workers' model has
+    #: BatchNorm layers, then BATCHNORM_MIN_BATCH (see auto_min_batch)
+    min_batch: Optional[int] = None
+    tensorboard_dir: Optional[str] = None  # --tensorboard: event files of the scalars
     metrics_path: Optional[str] = None
     warmup: int = 1                       # first iterations (graph building) not learnt from
     slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
@@ -244,6 +263,8 @@ class CoordinatorConfig:
             raise ValueError(problem)
         if self.time_model not in TIME_MODELS:
             raise ValueError(f"time_model must be one of {TIME_MODELS}")
+        if self.min_batch is not None and self.min_batch < 1:
+            raise ValueError("min_batch must be >= 1")
         if self.predictor not in _pred.available():
             raise ValueError(f"unknown predictor {self.predictor!r}; choose from "
                              f"{', '.join(_pred.available())}")
@@ -285,8 +306,11 @@ class Coordinator:
         self._fresh_balancing()
         # auto time model: prefer the equal split whenever an uneven one does not gain the
         # threshold (see balancer.Balancer._prefer_equal)
-        self._balancer = _bal.Balancer(config.threshold, 1, config.max_batch,
+        self._balancer = _bal.Balancer(config.threshold, config.min_batch or 1,
+                                       config.max_batch,
                                        prefer_equal=config.time_model == "auto")
+        self._tensorboard = None                     # tensorboardX writer, at the first record
+        self._logged: Dict[int, int] = {}            # rank -> the last iteration written
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._writers: Dict[int, asyncio.StreamWriter] = {}
         self._hellos: Dict[int, dict] = {}
@@ -331,7 +355,22 @@ class Coordinator:
                 "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
                 "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
                 "regime": object_state(self._regime),
-                "metrics_records": self._written}
+                **self._through()}
+
+    def _through(self) -> dict:
+        """metrics_records and the summary's totals (``totals``) through the last finished
+        iteration, the complete records not yet written included (a record is written once
+        its worker has moved on: _flush_records): what a checkpoint of it covers."""
+        totals = _metrics.Totals(self._totals.skip)
+        totals.load(self._totals.state())
+        pending = 0
+        for (t, rank) in sorted(self._records):
+            parts = self._records[(t, rank)]
+            if t <= self._iteration and "report" in parts and "done" in parts:
+                totals.add(self._record(t, rank, parts["report"], parts["done"],
+                                        parts.get("scalars")))
+                pending += 1
+        return {"metrics_records": self._written + pending, "totals": totals.state()}
 
     def _fresh_balancing(self) -> None:
         """The predictor, the time-model fit and the auto regime, knowing nothing yet."""
@@ -349,6 +388,9 @@ class Coordinator:
         if not state:
             return
         self._written = int(state.get("metrics_records", 0))
+        if state.get("totals"):
+            # the summary covers the whole job, its attempts before this resume too
+            self._totals.load(state["totals"])
         if state.get("num_workers") != self.config.num_workers:
             return
         from .checkpoint import load_object_state
@@ -425,13 +467,20 @@ class Coordinator:
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._metrics is not None:
+        if self._metrics is not None or self._records:
             self._flush_records(final=True)
+        if self._metrics is not None:
             try:
                 self._metrics.close()
             except OSError:         # already reported by _flush_records
                 pass
             self._metrics = None
+        if self._tensorboard is not None:
+            try:
+                self._tensorboard.close()
+            except OSError as exc:
+                log.warning("could not close the TensorBoard files: %s", exc)
+            self._tensorboard = None
 
     @property
     def registered(self) -> int:
@@ -491,6 +540,8 @@ class Coordinator:
                 self._on_report(rank, msg)
             elif kind == P.DONE:
                 self._on_done(rank, msg)
+            elif kind == P.LOG:
+                self._on_log(rank, msg)
             elif kind == P.BYE:
                 self._byes.add(rank)
                 last = msg.get("iteration")
@@ -659,6 +710,16 @@ class Coordinator:
             return (f"the last global batch of each epoch has {short} samples, fewer than the "
                     f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                     "the global batch size")
+        low = self.config.min_batch
+        smallest = getattr(self._policy, "lo", None)        # courier: --batch-range's minimum
+        if low is not None and isinstance(smallest, int) and low * n > smallest:
+            return (f"--min-batch-size {low} is more than --batch-range's minimum {smallest} / "
+                    f"{n} workers ({smallest // n} each): every worker must be able to get it; "
+                    f"use at most {smallest // n}, or raise the --batch-range minimum")
+        if low is not None and low * n > B:
+            return (f"--min-batch-size {low} is more than the global batch size {B} / {n} "
+                    f"workers ({B // n} each): every worker must be able to get it; use at most "
+                    f"{B // n}, or fewer workers")
         caps = [h.get("max_batch_size") for h in hellos]
         if self.config.max_batch is not None:
             caps = [self.config.max_batch if c is None else min(c, self.config.max_batch)
@@ -684,6 +745,10 @@ class Coordinator:
             raise P.ProtocolError(f"report of iteration {t} has batch_size={batch}, "
                                   f"compute_s={compute}")
         msg["time"] = time.time()
+        if msg.get("batchnorm") and self.config.min_batch is None and self._hellos:
+            # the model has BatchNorm layers: keep its statistics sane (auto_min_batch)
+            self._balancer.min_batch = max(self._balancer.min_batch, auto_min_batch(
+                int(self._hellos[0]["global_batch_size"]), self.config.num_workers, True))
         if t > self._last_report.get(rank, -1):
             self._last_report[rank] = t
             if self._bye_at:
@@ -783,6 +848,18 @@ class Coordinator:
         n = len(mean_b)
         return _bal.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
 
+    def _on_log(self, rank: int, msg: dict) -> None:
+        """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""
+        t = msg.get("iteration")
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise P.ProtocolError("a log message needs an integer iteration")
+        values = P.scalars_of(msg)
+        if t <= self._logged.get(rank, -1):
+            log.debug("worker %d logged values of iteration %d after its record was written; "
+                      "left out", rank, t)
+            return
+        self._records.setdefault((t, rank), {}).setdefault("scalars", {}).update(values)
+
     def _on_done(self, rank: int, msg: dict) -> None:
         t = int(msg["iteration"])
         self._records.setdefault((t, rank), {})["done"] = msg
@@ -803,11 +880,17 @@ class Coordinator:
         self._flush_records()
         self._maybe_checkpoint(t)
 
-    def _record(self, t: int, rank: int, report: dict, done: Optional[dict]) -> dict:
+    def _record(self, t: int, rank: int, report: dict, done: Optional[dict],
+                scalars: Optional[dict] = None) -> dict:
         """The metrics record of worker ``rank`` at iteration ``t`` (fields: mxlbbsp.metrics)."""
         batch, compute = report["batch_size"], report["compute_s"]
         done = done or {}
         predicted = self._predicted.get(t)
+        extra = {}
+        if scalars:
+            extra["scalars"] = scalars
+        if isinstance(report.get("momentum"), (int, float)):
+            extra["momentum"] = report["momentum"]
         return {
             "iteration": t, "rank": rank, "host": self._hellos[rank].get("host"),
             "batch_size": batch, "compute_s": compute, "speed": batch / compute,
@@ -824,22 +907,39 @@ class Coordinator:
             "lr_factor": report.get("lr_factor", 1.0),
             **self._policy.record_fields(t),
             **{name: report.get(name) for name in _signals.NAMES if name in report},
+            **extra,
         }
 
     def _flush_records(self, final: bool = False) -> None:
         """Write every complete record (all of them at the end) in (iteration, rank) order."""
         # Only iterations every worker has finished: the file stays in (iteration, rank)
-        # order even though the workers' messages arrive on separate connections.
+        # order even though the workers' messages arrive on separate connections. And only
+        # once the worker has moved on (its report of a later iteration, or its bye): the
+        # values its script logs for iteration t (mxlbbsp.log, after the step) come before
+        # those on the same connection.
+        # (An iteration is written whole, so that the order holds when one worker has
+        # moved on and another has not.)
+        def moved_on(k, r):
+            return "done" in r and "report" in r and (
+                self._last_report.get(k[1], -1) > k[0] or k[1] in self._byes)
+
+        waiting = {k[0] for k, r in self._records.items() if not moved_on(k, r)}
         ready = sorted(k for k, r in self._records.items()
-                       if final or (k[0] <= self._iteration and "done" in r and "report" in r))
+                       if final or (k[0] <= self._iteration and k[0] not in waiting))
         lines = []
+        written = []
         for t, rank in ready:
             parts = self._records.pop((t, rank))
             if "report" not in parts:
                 continue
-            rec = self._record(t, rank, parts["report"], parts.get("done"))
+            rec = self._record(t, rank, parts["report"], parts.get("done"),
+                               parts.get("scalars"))
             self._totals.add(rec)
+            self._logged[rank] = max(self._logged.get(rank, -1), t)
+            written.append(rec)
             lines.append(json.dumps(rec, allow_nan=False))
+        if written and self.config.tensorboard_dir:
+            self._write_tensorboard(written)
         if lines and self.config.metrics_path and not self._metrics_failed:
             try:
                 if self._metrics is None:
@@ -860,6 +960,30 @@ class Coordinator:
         pending = {t for t, _ in self._records}
         for t in [t for t in self._predicted if t <= self._iteration and t not in pending]:
             del self._predicted[t]
+
+
+    def _write_tensorboard(self, records: List[dict]) -> None:
+        """The records' scalars for TensorBoard (--tensorboard): per iteration, each logged
+        name as the batch-weighted mean over the workers that logged it (what the report
+        plots), and each worker's speed and batch size under ``worker<rank>/``."""
+        if self._tensorboard is None:
+            try:
+                from tensorboardX import SummaryWriter
+                self._tensorboard = SummaryWriter(self.config.tensorboard_dir)
+            except (ImportError, OSError) as exc:
+                log.warning("--tensorboard %s: cannot write there (%s); no TensorBoard files",
+                            self.config.tensorboard_dir, exc)
+                self.config.tensorboard_dir = None
+                return
+        w = self._tensorboard
+        for t, values, when in _metrics.combine_scalars(records):
+            for name, value in values.items():
+                w.add_scalar(name, value, t, walltime=when)
+        for rec in records:
+            t, r, when = rec["iteration"], rec["rank"], rec["time"]
+            w.add_scalar(f"worker{r}/speed", rec["speed"], t, walltime=when)
+            w.add_scalar(f"worker{r}/batch_size", rec["batch_size"], t, walltime=when)
+        w.flush()
 
 
 class _Connection(asyncio.Protocol):

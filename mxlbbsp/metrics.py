@@ -4,6 +4,12 @@ Fields (at least): iteration, rank, host, batch_size, compute_s, wait_s, sync_s,
 iteration_s, speed, predicted_speed, cpu_percent, mem_percent, slowdown, sync, predictor,
 fallbacks, time. ``speed`` is batch_size / compute_s (samples/s); ``predicted_speed`` is what
 the predictor expected that speed to be, one iteration ahead (null for the first).
+Optional: ``scalars`` ({name: number or null}, what the script gave :func:`mxlbbsp.log` in
+that iteration), ``momentum`` (the optimizer's, on the first record of a worker that has one),
+courier's ``deadline_s`` and ``done_s`` (seconds from the launch when the iteration ended).
+
+The end-of-job summary and ``mxlbbsp report`` both come from :class:`Totals`, and so do the
+diagnoses both print (:func:`diagnose`).
 
 No framework import.
 """
@@ -65,6 +71,11 @@ def check_record(rec: dict, where: str) -> None:
     for field, value in rec.items():
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= BIG:
             raise MetricsError(f"{where}: {field} is {_shown(value)}, out of range")
+    scalars = rec.get("scalars")
+    if scalars is not None and not (isinstance(scalars, dict) and all(
+            v is None or is_number(v) for v in scalars.values())):
+        raise MetricsError(f"{where}: scalars is {str(scalars)[:80]}, expected an object of "
+                           "numbers or nulls")
 
 
 class MetricsError(ValueError):
@@ -130,18 +141,50 @@ class Totals:
     time spent waiting for others (allocation + push/pull), averaged over workers.
     """
 
-    # per rank: rows, samples, compute_s, speed, wait_s, iteration_s, rows with iteration_s
-    _FIELDS = 7
+    # per rank: rows, samples, compute_s, speed, wait_s, iteration_s, rows with iteration_s,
+    # rows with a starved batch (STARVED samples or fewer)
+    _FIELDS = 8
 
     def __init__(self, skip: int = 1):
         self.skip = skip
         self._ranks: Dict[int, List[float]] = {}
+        # the job's: sync mode, the largest momentum and lr factor seen, courier's deadline
+        # and when its last iteration ended (seconds from the launch)
+        self._job: Dict[str, object] = {"sync": None, "momentum": None, "lr_factor": None,
+                                        "deadline_s": None, "done_s": None}
+
+    def state(self) -> dict:
+        """Everything added so far, JSON-serialisable (a checkpoint carries it, so that the
+        summary of a restarted job covers the whole job)."""
+        return {"skip": self.skip, "ranks": {str(r): v for r, v in self._ranks.items()},
+                "job": dict(self._job)}
+
+    def load(self, state: dict) -> None:
+        """Continue from :meth:`state` (records added since are added to it)."""
+        for rank, sums in (state.get("ranks") or {}).items():
+            sums = [float(x) for x in sums][:self._FIELDS]
+            self._ranks[int(rank)] = sums + [0.0] * (self._FIELDS - len(sums))
+        self._job.update({k: v for k, v in (state.get("job") or {}).items() if k in self._job})
+
+    def _note_job(self, rec: dict) -> None:
+        job = self._job
+        if job["sync"] is None and isinstance(rec.get("sync"), str):
+            job["sync"] = rec["sync"]
+        for key in ("momentum", "lr_factor", "done_s"):
+            value = _num(rec.get(key))
+            if value is not None and (job[key] is None or value > job[key]):
+                job[key] = value
+        deadline = _num(rec.get("deadline_s"))
+        if deadline is not None:
+            job["deadline_s"] = deadline
 
     def add(self, rec: dict) -> None:
+        self._note_job(rec)
         if rec["iteration"] < self.skip:
             return
         sums = self._ranks.setdefault(int(rec["rank"]), [0.0] * self._FIELDS)
         it = _num(rec.get("iteration_s"))
+        sums[7] += int(rec["batch_size"]) <= STARVED
         sums[0] += 1
         sums[1] += int(rec["batch_size"])
         sums[2] += float(rec["compute_s"])
@@ -153,7 +196,7 @@ class Totals:
 
     def per_rank(self) -> Dict[int, dict]:
         out = {}
-        for rank, (rows, samples, compute, speed, wait, total, timed) in sorted(
+        for rank, (rows, samples, compute, speed, wait, total, timed, starved) in sorted(
                 self._ranks.items()):
             out[rank] = {
                 "iterations": int(rows),
@@ -165,25 +208,166 @@ class Totals:
                 "mean_speed": speed / rows,
                 "wait_share": wait / total if total > 0 else float("nan"),
                 "samples_per_s": samples / total if total > 0 else 0.0,
+                "starved": int(starved),
             }
         return out
 
     def summary(self) -> Optional[dict]:
         """workers, iterations, samples, samples_per_s, mean_iteration_s, wait_share,
-        per_rank; None when no record is past the warm-up."""
+        compute_share, balance_gain (:func:`balance_gain`), per_rank, and the job's sync,
+        momentum, lr_factor (the largest), deadline_s and done_s (courier); None when no
+        record is past the warm-up."""
         per_rank = self.per_rank()
         if not per_rank:
             return None
         iteration_s = [p["mean_iteration_s"] for p in per_rank.values()]
+        mean_iteration = sum(iteration_s) / len(iteration_s)
+        share = compute_share(per_rank, mean_iteration)
         return {
+            **self._job,
+            "compute_share": share,
+            "balance_gain": balance_gain(per_rank, mean_iteration),
             "workers": len(per_rank),
             "iterations": max(p["iterations"] for p in per_rank.values()),
             "samples": sum(p["samples"] for p in per_rank.values()),
             "samples_per_s": sum(p["samples_per_s"] for p in per_rank.values()),
-            "mean_iteration_s": sum(iteration_s) / len(iteration_s),
+            "mean_iteration_s": mean_iteration,
             "wait_share": sum(p["wait_share"] for p in per_rank.values()) / len(per_rank),
             "per_rank": per_rank,
         }
+
+
+def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
+    """At most how much faster any split of the global batch could make this run's iteration
+    (0.25: 25 % more samples/s); NaN when unknown. From the measured figures only.
+
+    The part of the mean iteration time T that is not the slowest worker's mean compute time
+    (push/pull, allocation) stays whatever the split; the compute part becomes B / sum(s_i)
+    with the batch split in proportion to the workers' measured speeds s_i = b_i / c_i (B =
+    sum b_i). Compute time is taken as proportional to the batch, which is when balancing
+    gains most: a fixed cost per iteration only lowers the gain. (Never more than compute
+    taking no time at all would gain, T / rest - 1.)
+    """
+    rows = [p for p in per_rank.values() if p["mean_compute_s"] > 0 and p["mean_batch"] > 0]
+    if len(rows) != len(per_rank) or not rows or not mean_iteration_s > 0 \
+            or not math.isfinite(mean_iteration_s):
+        return float("nan")
+    speeds = [p["mean_batch"] / p["mean_compute_s"] for p in rows]
+    total = sum(p["mean_batch"] for p in rows)
+    slowest = max(p["mean_compute_s"] for p in rows)
+    rest = max(mean_iteration_s - slowest, 0.0)
+    balanced = rest + total / sum(speeds)
+    return max(mean_iteration_s / balanced - 1.0, 0.0)
+
+
+def compute_share(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
+    """The slowest worker's mean compute time over the mean iteration time: the share of the
+    iteration that any balancing works on (the rest is push/pull and allocation)."""
+    if not mean_iteration_s > 0 or not math.isfinite(mean_iteration_s):
+        return float("nan")
+    return min(max(p["mean_compute_s"] for p in per_rank.values()) / mean_iteration_s, 1.0)
+
+
+#: a local batch of this many samples or fewer is a starved worker's
+STARVED = 2
+#: a diagnosis when compute is less than this share of the iteration
+COMPUTE_SMALL = 0.5
+#: ... or when a worker was starved in more than this share of the iterations
+STARVED_SHARE = 0.5
+#: momentum at or above this with asp or r2sp (stale gradients) gets a warning
+MOMENTUM_WARN = 0.5
+#: a learning-rate factor above this (courier's --lr-scaling) with momentum gets a warning
+LR_FACTOR_WARN = 2.0
+
+
+def diagnose(summary: Optional[dict]) -> List[str]:
+    """What the figures of :meth:`Totals.summary` say about the run, one sentence each:
+    a small compute share (and the most balancing can gain), a starved worker, courier's
+    deadline met or missed, momentum with the asynchronous modes. The launcher prints them
+    under its last line, ``mxlbbsp report`` shows them in the run's section."""
+    if not summary:
+        return []
+    out = []
+    sync = summary.get("sync")
+    share, gain = summary.get("compute_share"), summary.get("balance_gain")
+    if isinstance(share, float) and math.isfinite(share) and share < COMPUTE_SMALL:
+        text = (f"compute is only {share:.0%} of the iteration (the slowest worker's; the "
+                "rest is the push/pull and waiting for allocations)")
+        if sync != "asp" and isinstance(gain, float) and math.isfinite(gain):
+            per = summary["per_rank"].values()
+            speeds = [p["mean_batch"] / p["mean_compute_s"] for p in per
+                      if p["mean_compute_s"] > 0]
+            spread = max(speeds) / min(speeds) if speeds and min(speeds) > 0 else 1.0
+            text += (f": balancing cannot gain more than {_pct(gain)} here (the workers' "
+                     f"measured speeds differ by {spread:.2f}x); a larger model or a larger "
+                     "batch per worker gains more")
+        out.append(text)
+    starved = [(r, p) for r, p in summary["per_rank"].items()
+               if p["iterations"] and p["starved"] > STARVED_SHARE * p["iterations"]]
+    if starved:
+        names = ", ".join(f"worker {r} ({p['starved']} of {p['iterations']} iterations, mean "
+                          f"batch {p['mean_batch']:.1f})" for r, p in starved)
+        out.append(f"starved: {names} got {STARVED} samples or fewer per iteration: such "
+                   "updates are noisy and BatchNorm statistics of 1-2 samples are useless; "
+                   "--min-batch-size N keeps at least N samples on every worker (or leave "
+                   "the slow worker out)")
+    deadline, done = summary.get("deadline_s"), summary.get("done_s")
+    if deadline is not None and done is not None:
+        if done <= deadline:
+            out.append(f"deadline met: training ended at {done:.1f} s, {deadline - done:.1f} s "
+                       f"before the --deadline of {deadline:g} s")
+        else:
+            out.append(f"deadline missed by {done - deadline:.1f} s "
+                       f"({(done - deadline) / deadline:.0%}): training ended at {done:.1f} s, "
+                       f"the --deadline was {deadline:g} s; a longer deadline, fewer --epochs "
+                       "or a larger --batch-range maximum")
+    momentum = summary.get("momentum")
+    if momentum is not None and momentum >= MOMENTUM_WARN and sync in ("asp", "r2sp"):
+        out.append(f"momentum {momentum:g} with --sync {sync}: stale gradients with momentum "
+                   "often diverge (seen: accuracy 0.77 -> 0.08 at 0.9); use momentum 0 or "
+                   "--sync lbbsp")
+    lr = summary.get("lr_factor")
+    if momentum is not None and momentum >= MOMENTUM_WARN and lr is not None \
+            and lr > LR_FACTOR_WARN:
+        out.append(f"the learning rate was scaled up to {lr:.2g}x (--lr-scaling) with momentum "
+                   f"{momentum:g}: such a step often diverges; use --lr-scaling sqrt or a "
+                   "smaller --batch-range maximum")
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %" if x < 0.1 else f"{100 * x:.0f} %"
+
+
+def combine_scalars(records) -> List[tuple]:
+    """(iteration, {name: value}, wall time) per iteration of the records that logged values:
+    each name's mean over the workers that logged it in that iteration, weighted by their
+    batch sizes (a loss averaged over each worker's batch becomes the global batch's);
+    null values (NaN, infinities) stay NaN. The same function feeds the report's plots and
+    the TensorBoard files (the coordinator's)."""
+    out: Dict[int, dict] = {}
+    for rec in records:
+        scalars = rec.get("scalars")
+        if not isinstance(scalars, dict) or not scalars:
+            continue
+        t = int(rec["iteration"])
+        entry = out.setdefault(t, [{}, float(rec["time"])])
+        entry[1] = max(entry[1], float(rec["time"]))
+        weight = max(float(rec.get("batch_size") or 0), 1e-12)
+        for name, value in scalars.items():
+            sums = entry[0].setdefault(name, [0.0, 0.0, False])
+            if value is None or not math.isfinite(float(value)):
+                sums[2] = True
+            else:
+                sums[0] += weight * float(value)
+                sums[1] += weight
+    result = []
+    for t in sorted(out):
+        values, when = out[t]
+        result.append((t, {name: (float("nan") if bad or not w else total / w)
+                           for name, (total, w, bad) in values.items()}, when))
+    return result
+
 
 
 def summarize(records: Iterable[dict], skip: int = 1) -> dict:

@@ -8,8 +8,12 @@ worker -> coordinator
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
              next_global_batch[, others_cpu, ctx_invol, run_delay, cpu_pressure, steal,
              runq, others_cpu_tail, run_delay_tail, cpu_pressure_tail]}                   sent when iteration t's gradients are ready; the
-                                      optional contention signals: mxlbbsp.signals
+                                      optional contention signals: mxlbbsp.signals; the
+                                      first also carries the trainer's momentum (when its
+                                      optimizer has one) and batchnorm (true/false)
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
+    log     {iteration, scalars}      the script's own values of ``iteration`` (mxlbbsp.log):
+                                      {name: number or null}, at most 32 names
     bye     {iteration}               the worker's training ended after ``iteration`` (its
                                       last; -1: none, absent: an older worker)
     request {iteration, next_global_batch}   (r2sp) request to proceed: the worker's gradients
@@ -41,7 +45,7 @@ MAX_HELLO = 4096
 #: brackets than this is refused before json.loads (whose recursion a deep one would exhaust)
 MAX_CONTAINERS = 64
 
-HELLO, REPORT, DONE, BYE = "hello", "report", "done", "bye"
+HELLO, REPORT, DONE, BYE, LOG = "hello", "report", "done", "bye", "log"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
 REQUEST, GRANT = "request", "grant"
 
@@ -103,6 +107,25 @@ def report(iteration: int, batch_size: int, compute_s: float, cpu_percent: float
 def done(iteration: int, wait_s: float, sync_s: float, iteration_s: float) -> Dict[str, Any]:
     return {"type": DONE, "iteration": iteration, "wait_s": _finite(wait_s),
             "sync_s": _finite(sync_s), "iteration_s": _finite(iteration_s)}
+
+
+def log(iteration: int, scalars: Dict[str, float]) -> Dict[str, Any]:
+    """The script's values of ``iteration`` (:func:`mxlbbsp.log`); NaN travels as null."""
+    return {"type": LOG, "iteration": int(iteration),
+            "scalars": {str(k): _finite(v) for k, v in scalars.items()}}
+
+
+def scalars_of(msg: Dict[str, Any], max_names: int = 32, max_name: int = 64) -> Dict[str, Any]:
+    """The checked ``scalars`` of a ``log`` message (ProtocolError when malformed)."""
+    values = msg.get("scalars")
+    if not isinstance(values, dict) or len(values) > max_names:
+        raise ProtocolError(f"a log message holds an object of at most {max_names} scalars")
+    for name, value in values.items():
+        if not 0 < len(name) <= max_name or not (
+                value is None or (isinstance(value, (int, float))
+                                  and not isinstance(value, bool))):
+            raise ProtocolError(f"log message: scalar {name[:80]!r} is not a number")
+    return values
 
 
 def bye(iteration: Optional[int] = None) -> Dict[str, Any]:

@@ -10,7 +10,11 @@ For every metrics file (``mxlbbsp launch --metrics``) the report draws
                      earlier (measured only, when the run made no predictions);
 
 and, for two or more files, ``compare.png``: throughput and speedup over the first file, and
-the samples processed over wall time. Up to :data:`AGGREGATE_ABOVE` workers every worker is
+the samples processed over wall time. When the scripts logged values (``mxlbbsp.log``),
+``scalars.png`` draws each of them against wall time and against iterations, one line per
+run (per iteration, the batch-weighted mean over the workers that logged it:
+:func:`mxlbbsp.metrics.combine_scalars`, as ``--tensorboard`` writes it). Each run's section
+lists the diagnoses of :func:`mxlbbsp.metrics.diagnose`, the launcher's end-of-job notes. Up to :data:`AGGREGATE_ABOVE` workers every worker is
 a line in its own colour (the same colour for the same rank in every plot); above that the
 plots show the median over workers and the min-max and quartile bands instead.
 
@@ -95,6 +99,8 @@ class Run:
     summary: dict
     skip: int
     label: str = ""
+    #: (iteration, {name: value}, wall time) of the logged values (metrics.combine_scalars)
+    curves: list = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -172,7 +178,7 @@ def load_run(path: str, warmup: int = 1) -> Run:
     first = records[0]
     return Run(path=path, records=records, sync=str(first["sync"]),
                predictor=str(first.get("predictor") or "?"), series=series,
-               summary=summary, skip=skip)
+               summary=summary, skip=skip, curves=metrics.combine_scalars(records))
 
 
 def _label_runs(runs: Sequence[Run]) -> None:
@@ -493,11 +499,25 @@ def plot_plan(run: Run, path: str) -> str:
         ax2.plot(its[ok], elapsed[ok], lw=1.2, color="#555555", ls="--",
                  label="time elapsed (s from launch)")
         ax2.axhline(deadline, color="black", lw=1.2, label=f"deadline ({deadline:g} s)")
-        top = _robust_top(ax2, np.concatenate([finish[np.isfinite(finish)], [deadline]]))
-        ax2.set_ylim(0, max(top or 0, deadline * 1.15))
+        done = np.array([_float(r.get("done_s")) for r in rec])
+        ended = float(np.nanmax(done)) if np.isfinite(done).any() else math.nan
+        if math.isfinite(ended):
+            missed = ended > deadline
+            ax2.plot([its[np.nanargmax(done)]], [ended], marker="X", ms=10, ls="none",
+                     color="#d62728" if missed else "#2ca02c",
+                     label=f"training ended ({ended:.1f} s: "
+                           + (f"missed by {ended - deadline:.1f} s)" if missed
+                              else f"met, {deadline - ended:.1f} s to spare)"))
+        # the axis shows the deadline, where training ended and the predictions (a spike of
+        # the prediction may be cut; the deadline and the end never are)
+        cut = _robust_top(ax2, np.concatenate([finish[np.isfinite(finish)], [deadline]]))
+        must = max(deadline, ended if math.isfinite(ended) else 0.0,
+                   float(np.nanmax(elapsed)) if np.isfinite(elapsed).any() else 0.0)
+        top = cut if cut else max([must] + list(finish[np.isfinite(finish)]))
+        ax2.set_ylim(0, max(top, must) * 1.15)
         ax2.set_ylabel("seconds")
         ax2.set_title("Predicted finish of the remaining work against the deadline", loc="left")
-        ax2.legend(loc="lower right", fontsize=8)
+        ax2.legend(loc="best", fontsize=8)
         ax3.plot(its, lr, drawstyle="steps-mid", lw=1.4, color="#2ca02c")
         ax3.set_ylim(bottom=0)
         ax3.set_ylabel("lr factor")
@@ -681,6 +701,56 @@ def plot_speed(run: Run, path: str) -> str:
         return _save(fig, path)
 
 
+def _scalar_names(runs: Sequence[Run]) -> List[str]:
+    names = {n for run in runs for _, values, _ in run.curves for n in values}
+    first = [n for n in ("loss", "accuracy") if n in names]
+    return first + sorted(names - set(first))
+
+
+def plot_scalars(runs: Sequence[Run], path: str) -> str:
+    """Each logged value against wall time (left) and iterations (right), one line per run."""
+    matplotlib, _, _ = _mpl()
+    colors = matplotlib.colormaps["Set2"].colors if len(runs) > 1 else ["#1f77b4"]
+    names = _scalar_names(runs)
+    with matplotlib.rc_context(_STYLE):
+        fig = _figure(11, 0.6 + 3.0 * len(names))
+        axes = np.atleast_2d(fig.subplots(len(names), 2, squeeze=False))
+        for row, name in zip(axes, names):
+            axt, axi = row
+            for i, run in enumerate(runs):
+                pts = [(t, v[name], when) for t, v, when in run.curves if name in v]
+                if not pts:
+                    continue
+                start = min(float(r["time"]) for r in run.records)
+                its = np.array([p[0] for p in pts])
+                val = np.array([p[1] for p in pts], dtype=float)
+                when = np.array([p[2] for p in pts]) - start
+                style = dict(color=colors[i % len(colors)], lw=1.8, label=run.label)
+                if len(pts) < 30:
+                    style.update(marker="o", ms=3.5)
+                axt.plot(when, val, **style)
+                # against iterations, runs of an exact method coincide: earlier runs are
+                # drawn wider beneath later ones, so that each shows as an edge
+                wide = 1.6 + 3.0 * (len(runs) - 1 - i) / max(len(runs) - 1, 1)
+                axi.plot(its, val, **dict(style, lw=wide))
+                bad = ~np.isfinite(val)
+                if bad.any():          # NaN or infinite: a diverged run, marked at the bottom
+                    axt.plot(when[bad], np.zeros(bad.sum()), "x", color=style["color"])
+            for ax, what in ((axt, "wall time since the run's first report (s)"),
+                             (axi, "iteration")):
+                ax.set_ylabel(name)
+                ax.set_xlabel(what)
+                ax.set_xlim(left=0)
+            _int_xaxis(axi)
+            axt.set_title(f"{name} against wall time", loc="left")
+            axi.set_title(f"{name} against iterations" + (
+                " (an edge: runs that coincide)" if len(runs) > 1 else ""), loc="left")
+            axt.legend(loc="best")
+        fig.suptitle("Logged values (mxlbbsp.log): per iteration, the batch-weighted mean over "
+                     "the workers that logged them")
+        return _save(fig, path)
+
+
 def plot_compare(runs: Sequence[Run], path: str) -> str:
     """Throughput with speedup over the first run; samples processed over wall time."""
     matplotlib, _, _ = _mpl()
@@ -774,7 +844,9 @@ def overall_rows(run: Run, unit: tuple) -> List[List[str]]:
     scale, name = unit
     return [["samples/s", _fmt(run.samples_per_s, ".1f")],
             ["mean iteration time", _fmt(s["mean_iteration_s"] * scale, ".2f", f" {name}")],
-            ["wait share", _fmt(s["wait_share"] * 100, ".1f", " %")]]
+            ["wait share", _fmt(s["wait_share"] * 100, ".1f", " %")],
+            ["compute share", _fmt(s["compute_share"] * 100, ".1f", " %")],
+            ["balancing's bound", _fmt(s["balance_gain"] * 100, ".1f", " %")]]
 
 
 def rank_rows(run: Run, unit: tuple) -> List[List[str]]:
@@ -836,6 +908,10 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
                      "with quartile and min-max bands instead of one line per worker.")
     out += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
 
+    diagnoses = metrics.diagnose(run.summary)
+    if diagnoses:
+        out.append("<h3>Diagnosis</h3><ul>" + "".join(
+            f"<li>{html.escape(d)}</li>" for d in diagnoses) + "</ul>")
     out.append(f'<h3>Summary</h3><p class="meta">From <code>mxlbbsp.metrics.summarize</code>, '
                f"{_warmup_text(run.skip)}.</p>")
     head = ["worker", "iterations", "mean batch", f"mean compute ({unit[1]})",
@@ -886,7 +962,8 @@ def compare_rows(runs: Sequence[Run], unit: tuple) -> List[List[str]]:
     return rows
 
 
-def _html(runs: Sequence[Run], images: List[Dict[str, str]], compare: Optional[str]) -> str:
+def _html(runs: Sequence[Run], images: List[Dict[str, str]], compare: Optional[str],
+          scalars: Optional[str] = None) -> str:
     anchors = [f"run-{i + 1}" for i in range(len(runs))]
     title = "mxlbbsp report: " + " vs ".join(r.label for r in runs)
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -909,6 +986,16 @@ def _html(runs: Sequence[Run], images: List[Dict[str, str]], compare: Optional[s
                          "<figcaption>Left: throughput after warm-up, with the speedup over "
                          "the first file. Right: samples processed by all workers over wall "
                          "time; the slope is the throughput.</figcaption></figure>")
+    if scalars:
+        parts.append("<h2>Training curves</h2>")
+        parts.append(f'<figure><img src="{html.escape(scalars)}" alt="logged values">'
+                     "<figcaption>What the scripts gave <code>mxlbbsp.log</code>, against wall "
+                     "time since each run's first report (left) and against iterations "
+                     "(right), one line per run (on the right each run is drawn narrower than the one "
+                     "before, so that runs that coincide, as BSP and LB-BSP do, show as an "
+                     "edge); per iteration the mean over the workers that "
+                     "logged the value, weighted by their batch sizes. A cross at the bottom: "
+                     "NaN or infinite (diverged).</figcaption></figure>")
     for run, imgs, anchor in zip(runs, images, anchors):
         parts.append(_run_section(run, imgs, anchor))
     parts.append("</body></html>\n")
@@ -980,7 +1067,11 @@ def _write(runs: Sequence[Run], out_dir: str) -> str:
     if len(runs) > 1:
         compare = "compare.png"
         plot_compare(runs, os.path.join(out_dir, compare))
+    scalars = None
+    if any(run.curves for run in runs):
+        scalars = "scalars.png"
+        plot_scalars(runs, os.path.join(out_dir, scalars))
     index = os.path.join(out_dir, "index.html")
     with open(index, "w", encoding="utf-8") as fh:
-        fh.write(_html(runs, images, compare))
+        fh.write(_html(runs, images, compare, scalars))
     return index

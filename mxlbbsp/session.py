@@ -145,6 +145,11 @@ class Session:
         self._compute = 0.0
         self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
         self._read_load = False                  # cpu_percent, mem_percent asked for
+        #: what the trainer tells the coordinator once, with its first report: the
+        #: optimizer's momentum, whether the model has BatchNorm layers (the diagnoses and
+        #: the default --min-batch-size)
+        self.model_info: Dict[str, object] = {}
+        self._info_sent = False
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
         addr = _env.coordinator(env)
         if addr is None:
@@ -371,11 +376,19 @@ class Session:
             msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                            self.next_global_batch(), self._signals.read())
             msg["global_batch"] = self.batch_global
+            if self.model_info and not self._info_sent:
+                msg.update(self.model_info)
+                self._info_sent = True
             lr = self.lr_factor()
             if lr != 1.0:
                 msg["lr_factor"] = lr
             self._send(msg)
         self.reported = self.iteration
+
+    def send_scalars(self, iteration: int, values: Dict[str, float]) -> None:
+        """The script's values of ``iteration`` (:func:`mxlbbsp.log`) to the coordinator."""
+        if self.coordinated:
+            self._send(P.log(iteration, values))
 
     def before_push(self) -> None:
         """Call between :meth:`gradients_ready` and the push: whatever the mode waits for."""

@@ -47,8 +47,10 @@ and again after the push/pull.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
+import sys
 from typing import List, NamedTuple, Optional
 
 import numpy as np
@@ -58,6 +60,8 @@ from . import _env
 from . import session as _session
 
 log = logging.getLogger(__name__)
+#: momentum at or above this with --sync asp or r2sp gets a warning (metrics.MOMENTUM_WARN)
+MOMENTUM_WARN = 0.5
 
 
 class Trainer(gluon.Trainer):
@@ -92,10 +96,41 @@ class Trainer(gluon.Trainer):
         self._noted = False                   # the step(len(data)) note was given
         self._ckpt_dir = _env.checkpoint_dir()
         self._ckpt_every = _env.checkpoint_every()
+        self._final_hook = False              # the final checkpoint's atexit hook
         resume = _env.resume()
         if resume is not None:
             from . import checkpoint
             checkpoint.load_trainer(self, resume)
+        self._warn_momentum()
+
+    def _momentum(self) -> Optional[float]:
+        m = getattr(self._optimizer, "momentum", None)
+        return float(m) if isinstance(m, (int, float)) else None
+
+    def _warn_momentum(self) -> None:
+        """Once, on rank 0 of a launched job: momentum with the asynchronous modes."""
+        if _env.role() != "worker" or _env.rank() != 0:
+            return
+        try:
+            mode = _env.sync()
+        except _env.EnvError:
+            return
+        m = self._momentum()
+        if mode in ("asp", "r2sp") and m is not None and m >= MOMENTUM_WARN:
+            log.warning("mxlbbsp: warning: momentum %g with --sync %s: stale gradients with "
+                        "momentum often diverge; use momentum 0 or --sync lbbsp", m, mode)
+
+    def _final_checkpoint(self) -> None:
+        """atexit, rank 0 with --checkpoint-dir: the job's last state, marked final, when the
+        script ends normally (a launched worker that fails ends without atexit)."""
+        sess = _session.current()
+        if sess is None or sess.iteration < 0 or getattr(sys, "last_value", None) is not None:
+            return
+        from . import checkpoint
+        try:
+            checkpoint.save_trainer(self, self._ckpt_dir, final=True)
+        except (OSError, checkpoint.CheckpointError) as exc:
+            log.warning("mxlbbsp: warning: could not write the final checkpoint: %s", exc)
 
     def _normalisers(self, batch_size):
         """(N(t), N0) for this step (see :meth:`step`): the mode's normalisers, divided by
@@ -202,6 +237,10 @@ class Trainer(gluon.Trainer):
         sess = _session.current()
         if sess is not None:
             nd.waitall()
+            if not sess.model_info:
+                sess.model_info = {"batchnorm": bool(self._aux)}
+                if self._momentum() is not None:
+                    sess.model_info["momentum"] = self._momentum()
             sess.gradients_ready()
             sess.before_push()
         if not self._kv_initialized:
@@ -241,6 +280,10 @@ class Trainer(gluon.Trainer):
         if sess is not None:
             nd.waitall()
             sess.step_done()
+            if self._ckpt_dir and not self._final_hook and sess.rank == 0:
+                # after the session's own atexit (registered at its opening), so it runs first
+                atexit.register(self._final_checkpoint)
+                self._final_hook = True
             if self._ckpt_dir and self._ckpt_every and \
                     (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
                 with sess.untimed():

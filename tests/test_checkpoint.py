@@ -73,9 +73,11 @@ def reference(tmp_path_factory):
 
 def test_uninterrupted_run_writes_complete_checkpoints(reference, single):
     ckpts = sorted(p.name for p in (reference / "ckpt").iterdir())
-    # the two newest are kept, each with the coordinator's state of the same iteration
-    assert ckpts == ["ckpt-00000029", "ckpt-00000039", "coordinator-00000029.json",
-                     "coordinator-00000039.json"]
+    # the two newest are kept: the periodic one of 39, with the coordinator's state of the
+    # same iteration, and the final one, written when the job ended normally
+    assert ckpts == ["ckpt-00000039", "ckpt-00000045", "coordinator-00000039.json"]
+    assert checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000045")["final"] is True
+    assert "final" not in checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000039")
     m = checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000039")
     assert (m["iteration"], m["epoch"], m["index_in_epoch"], m["global_batch_size"]) == \
         (39, 1, 17, 64)
@@ -89,7 +91,8 @@ def test_resume_on_fewer_workers_is_exact(reference, single, tmp_path):
     """3 -> 2 workers from the checkpoint of iteration 39; metrics appended, no duplicates."""
     metrics = tmp_path / "m.jsonl"
     metrics.write_text((reference / "m.jsonl").read_text())
-    r = launch("-n", 2, "--emulate-slowdown", "3,1", "--resume", reference / "ckpt",
+    r = launch("-n", 2, "--emulate-slowdown", "3,1", "--resume",
+               reference / "ckpt" / "ckpt-00000039",
                "--metrics", metrics, "--", PY, SCRIPT, tmp_path, *TRAIN)
     assert r.rc == 0, r.output
     assert "resuming from iteration 40" in r.stderr
@@ -136,14 +139,40 @@ def test_kill9_of_the_launcher_then_resume_on_more_workers_is_exact(reference, s
     assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
 
 
+def test_a_finished_job_is_not_run_again(reference):
+    """The same command again (--checkpoint-dir): the final checkpoint says the job ended;
+    nothing starts, exit 0. An explicit --resume of it runs the script on from there (more
+    epochs: tests/test_exact_bn.py); one that asks for no more iterations ends at once."""
+    r = launch("-n", 3, "--checkpoint-dir", reference / "ckpt", "--", PY, SCRIPT,
+               reference / "again", *TRAIN)
+    assert r.rc == 0, r.output
+    assert "nothing to do" in r.stderr and "after iteration 45" in r.stderr, r.output
+    assert "started" not in r.stderr and "worker" not in r.stdout, r.output
+    r = launch("-n", 3, "--resume", reference / "ckpt", "--", PY, SCRIPT, reference / "again",
+               *TRAIN)
+    assert r.rc == 0, r.output
+    assert "the final checkpoint of a job that ended normally after iteration 45" in r.stderr
+    assert r.stdout.count("finished at iteration 46") == 3, r.output
+
+
 def test_a_dead_worker_is_restarted_from_the_checkpoint(reference, single, tmp_path):
-    """Rank 1 exits with code 9 after iteration 22; --restarts 1 continues from 19."""
+    """Rank 1 exits with code 9 after iteration 22; --restarts 1 continues from 19. The
+    summary and the metrics cover the whole job (45 iterations after the warm-up), as
+    `mxlbbsp report` computes them from the file."""
     r = launch("-n", 2, "--emulate-slowdown", "1,3", "--checkpoint-dir", tmp_path / "ckpt",
-               "--checkpoint-every", 5, "--restarts", 1,
+               "--checkpoint-every", 5, "--restarts", 1, "--metrics", tmp_path / "m.jsonl",
                "--", PY, SCRIPT, tmp_path, *TRAIN, "--die-at", 22)
     assert r.rc == 0, r.output
     assert "restart 1/1 from iteration 20 on 2 worker(s) (worker 1 exited with code 9)" \
         in r.stderr
+    from mxlbbsp import metrics
+    rows = metrics.load(str(tmp_path / "m.jsonl"))
+    assert sorted({(x["iteration"], x["rank"]) for x in rows}) == \
+        [(t, k) for t in range(46) for k in (0, 1)] and len(rows) == 92
+    s = metrics.summarize(rows)
+    done = [line for line in r.stderr.splitlines() if "done in" in line]
+    assert len(done) == 1 and "(the whole job, 1 restart(s)): 45 iterations after the " \
+        f"warm-up, {s['samples_per_s']:.1f} samples/s" in done[0], r.output
     resumed = load(tmp_path / "rank0.params")
     assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
     assert relative_difference(resumed, single) <= 1e-4

@@ -63,6 +63,8 @@ class CourierPolicy(LBBSPPolicy):
         self.sync_s: Optional[float] = None
         #: iteration -> (seconds from the start when it was planned, predicted finish)
         self.plans: dict = {}
+        #: iteration -> seconds from the start when its last push/pull ended (so far)
+        self.done_at: dict = {}
         self._warned = False
 
     # ---- registration -----------------------------------------------------------------
@@ -144,6 +146,10 @@ class CourierPolicy(LBBSPPolicy):
         return sizes
 
     def on_done(self, rank, msg):
+        t = int(msg["iteration"])
+        self.done_at[t] = time.monotonic() - self.started
+        for old in [k for k in self.done_at if k < t - 64]:
+            del self.done_at[old]
         s = msg.get("sync_s")
         if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
                 and int(msg["iteration"]) >= self.coordinator.config.warmup:
@@ -152,8 +158,10 @@ class CourierPolicy(LBBSPPolicy):
     def record_fields(self, t: int) -> dict:
         """Courier's columns of the metrics record of iteration t."""
         elapsed, finish = self.plans.get(t, (None, None))
+        done = self.done_at.get(t)
         return {"deadline_s": self.deadline_s, "predicted_finish_s": finish,
-                "elapsed_s": elapsed, "batch_range": [self.lo, self.hi]}
+                "elapsed_s": elapsed, "batch_range": [self.lo, self.hi],
+                "done_s": None if done is None else round(done, 4)}
 
 
 @register
