@@ -146,8 +146,8 @@ def cli(verbose):
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (kernel units and "
                    "a least-squares output layer on past speeds and the --exog signals), ema, "
-                   "last, ar (autoregressive), narx-adam (the first NARX); oracle knows the --emulate-slowdown schedule ahead "
-                   "(benchmarks only). Compare them on a trace with `mxlbbsp predict`.")
+                   "last, ar (autoregressive), narx-adam (the first NARX). Compare them on a "
+                   "trace with `mxlbbsp predict`.")
 @click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "

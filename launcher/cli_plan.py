@@ -29,7 +29,7 @@ With --deadline it marks the batches that meet it and picks the smallest one
 
 \b
 Examples:
-  mxlbbsp launch -n 4 --metrics prof.jsonl -- python train.py --iters 40
+  mxlbbsp launch -n 4 --metrics prof.jsonl -- python train.py --iterations 40
   mxlbbsp plan prof.jsonl --samples 50000 --epochs 10 --batch-range 64:1024 --deadline 15m
 """
 
