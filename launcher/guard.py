@@ -237,6 +237,7 @@ class Guard:
     def _terminate(self) -> None:
         pgid = self.child.pid
         _killpg(pgid, signal.SIGTERM)
+        _killpg(pgid, signal.SIGCONT)   # a stopped process sees its SIGTERM only once resumed
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and _group_alive(pgid):
             time.sleep(0.05)

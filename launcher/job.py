@@ -54,6 +54,9 @@ EXIT_STALL = 124
 #: epoch; 300 s until the first iteration: MXNet's import, ps-lite's start over SSH, data
 #: loading and graph building on a busy machine)
 STALL_MEDIANS = 20
+#: a job that waits for a worker known to be stopped (SIGSTOP) ends after this many seconds
+#: without an iteration, or STALL_MEDIANS x the median iteration time if that is longer
+STOPPED_FLOOR = 10.0
 #: CPU seconds per second (all workers) under which a job without iterations counts as idle
 IDLE_CPU = 0.02
 #: a remote worker's guard reports its CPU seconds this often (see guard.CPU)
@@ -395,6 +398,7 @@ class Job:
         next_progress = started + cfg.progress if cfg.progress else float("inf")
         floors = self._floors
         self._active_at = started          # a job without iterations: last CPU use seen
+        self._stopped_since: Dict[int, float] = {}   # local workers seen stopped, since when
         self._cpu_seen: Dict[int, tuple] = {}
         self._cpu_use: Dict[int, Optional[float]] = {}   # cores per worker, last sample
         next_cpu = started + 1.0
@@ -418,8 +422,10 @@ class Job:
                 self.output.say(f"error: {coord.failure}")
                 return 1
             now = time.monotonic()
-            if now >= next_cpu and coord.registered == 0:
-                self._sample_cpu(now)     # only useful while no iteration can be seen
+            if now >= next_cpu:
+                if coord.registered == 0:
+                    self._sample_cpu(now)     # only useful while no iteration can be seen
+                self._note_stopped(now)
                 next_cpu = now + 1.0
             if self._stalled(now, started, floors):
                 return EXIT_STALL
@@ -454,6 +460,15 @@ class Job:
         self._cpu_use = use
         return use
 
+    def _note_stopped(self, now: float) -> None:
+        """When each local worker was first seen stopped (SIGSTOP, a debugger); resumed
+        ones are forgotten."""
+        for w in self.workers:
+            if w.poll() is None and w.stopped():
+                self._stopped_since.setdefault(w.rank, now)
+            else:
+                self._stopped_since.pop(w.rank, None)
+
     def _stalled(self, now: float, started: float, floors) -> bool:
         """True (after saying why) when the job made no progress for the stall limit."""
         cfg, coord = self.config, self.coordinator
@@ -461,6 +476,20 @@ class Job:
         limit = stall_limit(cfg.stall_timeout, floors, progress.iteration, progress.iteration_s)
         if limit is None:
             return False
+        if self._stopped_since and cfg.stall_timeout is None and progress.iteration >= 0:
+            # a stopped worker is a known cause: no need to wait out the floor meant for an
+            # evaluation at the end of an epoch; the iterations' own pace sets the limit
+            quick = max(STOPPED_FLOOR, STALL_MEDIANS * (progress.iteration_s or 0.0))
+            since = min(self._stopped_since.values())
+            if now - max(since, progress.last_change) > quick:
+                ranks = sorted(self._stopped_since)
+                self.output.say(
+                    f"error: {_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} stopped "
+                    f"(SIGSTOP or a debugger) and no iteration finished for {quick:g} s "
+                    f"(max({STOPPED_FLOOR:g} s, {STALL_MEDIANS} x the median iteration time "
+                    f"{progress.iteration_s or 0:.3g} s)); stopping the job (kill -CONT "
+                    "resumes a stopped process; --stall-timeout SECONDS sets the limit)")
+                return True
         if coord.registered == 0:
             # no mxlbbsp.DataLoader (or not yet): no iterations to watch; a job whose
             # workers all sit idle that long hangs (e.g. in ps-lite's finalize barrier).
@@ -615,9 +644,11 @@ class Job:
         sizes = ",".join(map(str, p.sizes)) if len(p.sizes) <= 16 else f"{len(p.sizes)} workers"
         quiet = time.monotonic() - p.last_change
         if quiet > max(3 * (p.iteration_s or 0.0), 2.0):
-            # nothing advances: no stale samples/s
+            # nothing advances: no stale samples/s; a stopped worker is named at once
+            stopped = sorted(getattr(self, "_stopped_since", {}))
+            why = f" ({_ranks(stopped)} stopped, e.g. SIGSTOP)" if stopped else ""
             self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, no iteration finished "
-                            f"for {quiet:.0f} s, batch sizes {sizes}")
+                            f"for {quiet:.0f} s{why}, batch sizes {sizes}")
             return
         self.output.say(f"{elapsed:.0f} s: iteration {p.iteration}, {p.samples_per_s:.1f} "
                         f"samples/s, batch sizes {sizes}")

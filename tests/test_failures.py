@@ -183,6 +183,34 @@ def test_a_frozen_worker_is_caught_by_default():
     assert wait_no_leftovers(job.marker) == []
 
 
+def test_a_stopped_worker_is_named_and_ends_the_job_long_before_the_running_floor():
+    """Issue 22: with the default floors (120 s while running), a worker known to be stopped
+    ends the job after max(10 s, 20 x the median iteration time), naming it."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "2", "--", PY, SCRIPT, "--fail", "none",
+                   "--iterations", 100000, "--sleep", "0.1"])
+    try:
+        job.wait_for(r"iteration \d+, [\d.]+ samples/s")
+        job.worker(1).suspend()
+        suspended = time.monotonic()
+        rc = job.finish()
+        took = time.monotonic() - suspended
+    finally:
+        for p in processes_with(job.marker):
+            try:
+                p.resume()
+            except psutil.Error:
+                pass
+        job.close()
+    assert rc == 124, job.output
+    errors = [line for line in job.lines if "error:" in line]
+    assert len(errors) == 1 and "worker 1 is stopped (SIGSTOP or a debugger)" in errors[0], \
+        job.output
+    assert took < 100, took          # the 120 s running floor did not apply
+    assert any("worker 1 stopped, e.g. SIGSTOP" in line for line in job.lines
+               if "no iteration finished for" in line and "error" not in line), job.output
+    assert wait_no_leftovers(job.marker) == []
+
+
 def test_kill_9_of_a_guard_ends_its_role_and_the_job():
     job = Running(["-n", 2, "-s", 1, "--progress", "0", "--", PY, SCRIPT, "--fail", "none",
                    "--iterations", 100000, "--sleep", "0.05"])
@@ -223,6 +251,7 @@ def test_stall_timeout_option(value, expected):
     class Probe:
         def __init__(self, config):
             seen["stall"] = config.stall_timeout
+            self.config, self.resume_from = config, None
 
         def run(self):
             return 0
