@@ -76,6 +76,9 @@ def cli(verbose):
 @click.option("-H", "--hostfile", metavar="PATH",
               help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
                    "'host slots=N'. Without it everything runs on this machine.")
+@click.option("--launcher", type=click.Choice(["local", "ssh", "slurm"]),
+              help="How the processes start (default: ssh with -H, slurm inside a SLURM "
+                   "allocation, else local).")
 @click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
@@ -175,7 +178,7 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
+def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, emulate_slowdown, emulate_compute, metrics, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
@@ -184,7 +187,7 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
 
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
-        hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
+        hostfile=hostfile, launcher=launcher, sync=sync, predictor=predictor, time_model=time_model,
         exog=exog, signals=signal_spec, threshold=threshold, max_batch_size=max_batch_size, emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,

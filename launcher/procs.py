@@ -1,8 +1,11 @@
-"""The processes of a job: each one a guard (see :mod:`.guard`), reached locally or over SSH.
+"""The processes of a job: each one a guard (see :mod:`.guard`), reached locally, over SSH or
+with srun.
 
 A :class:`RoleProcess` is one role (scheduler, server r, worker r) on one host. Its transport
-is the argv that starts a guard there: ``python -m mxlbbsp.launcher.guard`` on this machine,
-or ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`). Either way
+is the argv that starts a guard there (:mod:`.transport`): ``python -m mxlbbsp.launcher.guard``
+on this machine, ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`),
+or ``srun ... --nodelist=node <python> -m mxlbbsp.launcher.guard`` in a SLURM allocation
+(:mod:`.slurm`). Either way
 the launcher writes the spec (argv, environment, folder) to the transport's stdin, reads its
 output line by line with a ``[role rank]`` prefix, and stops it by closing that stdin.
 
@@ -111,6 +114,8 @@ class RoleProcess:
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
+        #: the job's transport object that explains this process's failures (job.py sets it)
+        self.via = None
         self.output = output
         self.grace = grace
         #: the guard stops the role after this long without a line (see :meth:`beat`)
