@@ -22,7 +22,8 @@ EXIT_USAGE = 2
 LAUNCH_HELP = """Run COMMAND on N workers as one LB-BSP job.
 
 \b
-Starts, on this machine (or over SSH on the hosts of a hostfile):
+Starts, on this machine (or over SSH on the hosts of a hostfile, or with srun
+on the nodes of the SLURM allocation it runs in):
   the ps-lite scheduler, S parameter servers (python -m mxlbbsp.server),
   the coordinator (in this process: predicts each worker's speed and splits
   the global batch so that all finish together), and N copies of COMMAND
@@ -70,12 +71,13 @@ def cli(verbose):
 @cli.command(help=LAUNCH_HELP, context_settings={"help_option_names": ["-h", "--help"],
                                                   "max_content_width": 100})
 @click.option("-n", "--num-workers", type=int, metavar="N",
-              help="Number of workers (default with -H: one per hostfile slot).")
+              help="Number of workers (default with -H or in a SLURM allocation: one per slot).")
 @click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
               help="Number of parameter servers.")
 @click.option("-H", "--hostfile", metavar="PATH",
               help="Hosts to run on over SSH, one per line: host, host:port, user@host, "
-                   "'host slots=N'. Without it everything runs on this machine.")
+                   "'host slots=N'. Without it everything runs on this machine (in a SLURM "
+                   "allocation: on its nodes, with srun).")
 @click.option("--launcher", type=click.Choice(["local", "ssh", "slurm"]),
               help="How the processes start (default: ssh with -H, slurm inside a SLURM "
                    "allocation, else local).")

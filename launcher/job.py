@@ -195,8 +195,11 @@ class Job:
             self.servers.append(self._role("server", r, host,
                                            [self.transport.python(host), "-m", "mxlbbsp.server"], env))
         self.workers = []
+        local: Dict[str, int] = {}
         for r, host in enumerate(self.placement.workers):
             env = self._ps_env("worker", host, scheduler_port, per_host[host.name])
+            env[_env.LOCAL_RANK] = str(local.setdefault(host.name, 0))
+            local[host.name] += 1
             env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0,

@@ -25,6 +25,7 @@ MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections witho
 MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
 MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
+MXLBBSP_LOCAL_RANK     this worker's number among the job's workers on its host: 0, 1, ...
 MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..."
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
@@ -61,6 +62,7 @@ TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
 RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
+LOCAL_RANK = "MXLBBSP_LOCAL_RANK"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 SIGNALS = "MXLBBSP_SIGNALS"
@@ -166,6 +168,11 @@ def token(env: Optional[Mapping[str, str]] = None) -> str:
 def host(env: Optional[Mapping[str, str]] = None) -> str:
     """MXLBBSP_HOST, defaulting to this machine's host name."""
     return _get(env, HOST) or socket.gethostname()
+
+
+def local_rank(env: Optional[Mapping[str, str]] = None) -> int:
+    """This worker's number among the job's workers on its host (e.g. the GPU it takes)."""
+    return _int(env, LOCAL_RANK, 0)
 
 
 def slowdown(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
