@@ -164,6 +164,7 @@ class Job:
                            show_host=self.transport.remote, silence=silence, boot=boot,
                            cpu_every=CPU_EVERY if cpu and self.transport.reports_cpu else None)
         proc.via = self._local if local else self.transport
+        proc.hide = proc.via.hide
         self.procs.append(proc)
         return proc
 

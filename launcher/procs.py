@@ -116,6 +116,9 @@ class RoleProcess:
         self.transport = transport
         #: the job's transport object that explains this process's failures (job.py sets it)
         self.via = None
+        #: the transport's own lines on stderr that the launcher's failure line says better
+        #: (e.g. srun's "task 0: Exited with exit code N"): kept in the log, not shown
+        self.hide = None
         self.output = output
         self.grace = grace
         #: the guard stops the role after this long without a line (see :meth:`beat`)
@@ -212,6 +215,10 @@ class RoleProcess:
                     continue
                 if to_stderr and text.startswith(EXIT_MARKER):
                     self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
+                if to_stderr and self.hide is not None and self.hide.search(text):
                     if self._log is not None:
                         self._log.write(text + "\n")
                     continue

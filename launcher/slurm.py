@@ -160,6 +160,9 @@ class SlurmTransport(Transport):
     #: srun forwards the launcher's heartbeat lines: a guard whose launcher and srun are both
     #: gone (the step outlives a killed srun) stops its role after 30 s of silence
     keepalive = (5.0, 30.0)
+    #: srun's word on the task's exit code: the launcher's failure line names it better, and
+    #: the roles it stops would each add one (exit code 143)
+    hide = re.compile(r"^srun: error: \S+: task \d+: (Exited with exit code \d+|Killed)$")
 
     def __init__(self, config: LaunchConfig, hosts: Optional[List[Host]] = None,
                  environ: Optional[Mapping[str, str]] = None):
@@ -289,6 +292,8 @@ class SlurmTransport(Transport):
             return (f"could not start a job step on {p.host} ({p.attempts} attempt(s), srun "
                     f"exit {rc}{': ' + last if last else ''})")
         said = p.last_stderr or ""
+        if not said.startswith(("srun:", "slurmstepd")):
+            said = ""                        # the role's own line, not SLURM's word
         if _NODE_LOST.search(said) or not answers(p.host):
             return f"lost its node {p.host} (srun exit {rc}{': ' + said if said else ''})"
         if _CANCELLED.search(said):

@@ -64,6 +64,8 @@ class Transport:
     remote = False
     #: the guard reports its command's CPU seconds (they cannot be measured here)
     reports_cpu = False
+    #: a regex of the transport's own stderr lines that are not shown (see RoleProcess.hide)
+    hide = None
     #: (interval, silence): the launcher writes a line to each guard every interval s; a guard
     #: that hears nothing for silence s stops its role. None: no heartbeat
     keepalive: Optional[Tuple[float, float]] = None

@@ -297,3 +297,27 @@ def test_launcher_slurm_outside_an_allocation_is_one_line_exit_2(cluster):
                           stdin=subprocess.DEVNULL)
     r = Result(proc.returncode, proc.stdout, proc.stderr, "", 0.0)
     one_error(r, "--launcher slurm: this is not inside a SLURM allocation")
+
+
+def test_an_sbatch_script_like_the_readme_one(cluster, tmp_path):
+    """The README's batch script without the GPUs: 2 nodes x 2 tasks, 2 servers, ps-lite on
+    an interface (lo here), checkpoints and restarts; sbatch --wait returns its exit code."""
+    marker = uuid.uuid4().hex
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=lbbsp\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
+        f"#SBATCH --output={tmp_path / 'out.txt'}\n"
+        f"cd {ROOT}\n"
+        f"{PY} -m mxlbbsp.launcher launch --env MXLBBSP_TEST_MARK={marker} --progress 0 "
+        f"-s 2 --ps-interface lo --checkpoint-dir {tmp_path / 'ckpt'} --checkpoint-every 20 "
+        f"--restarts 2 -- {PY} {EXAMPLE} {' '.join(TRAIN)}\n")
+    proc = subprocess.run(["sbatch", "--wait", "--quiet", str(script)], capture_output=True,
+                          text=True, timeout=600, env=job_env(cluster, marker),
+                          stdin=subprocess.DEVNULL)
+    out = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, proc.stderr + out
+    assert "started 4 worker(s) and 2 server(s)" in out, out
+    assert "[worker 0@n1] done: 46 iterations" in out, out
+    assert wait_no_leftovers(marker) == []
+    assert cluster.steps() == []
