@@ -46,7 +46,6 @@ from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, local_transport, stop_all
-from .transport import FORWARD, FORWARD_PREFIXES  # noqa: F401  (their old home)
 
 EXIT_CONFIG = 2
 EXIT_STALL = 124
@@ -193,8 +192,8 @@ class Job:
         self.servers = []
         for r, host in enumerate(self.placement.servers):
             env = self._ps_env("server", host, scheduler_port, None)
-            self.servers.append(self._role("server", r, host,
-                                           [self.transport.python(host), "-m", "mxlbbsp.server"], env))
+            argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
+            self.servers.append(self._role("server", r, host, argv, env))
         self.workers = []
         local: Dict[str, int] = {}
         for r, host in enumerate(self.placement.workers):

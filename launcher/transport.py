@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -254,7 +255,6 @@ class SshTransport(Transport):
 
 
 def _resolves(name: str) -> bool:
-    import socket
     try:
         socket.gethostbyname(name)
         return True

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
