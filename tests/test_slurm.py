@@ -320,3 +320,28 @@ def test_an_sbatch_script_like_the_readme_one(cluster, tmp_path):
     assert "[worker 0@n1] done: 46 iterations" in out, out
     assert wait_no_leftovers(marker) == []
     assert cluster.steps() == []
+
+
+def test_launcher_and_its_sruns_killed_leave_nothing(cluster):
+    """kill -9 of the launcher and of every srun it started: the steps outlive srun, but
+    their guards hear no heartbeat and stop their roles (silence 30 s)."""
+    marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        salloc_argv(["-N", 2, "-n", 2, "--overcommit"],
+                    ["launch", "--", PY, "-c", "import time; time.sleep(300)"], marker),
+        env=job_env(cluster, marker), cwd=ROOT, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        worker_process(marker, 1)
+        launcher = [p for p in processes_with(marker)
+                    if p.cmdline()[1:3] == ["-m", "mxlbbsp.launcher"]]
+        assert len(launcher) == 1
+        assert [p.name() for p in launcher[0].children()].count("srun") == 3   # 1 + 2 roles
+        sruns = [p for p in launcher[0].children(recursive=True) if p.name() == "srun"]
+        for p in launcher + sruns:
+            p.kill()
+        assert wait_no_leftovers(marker, timeout=60) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
