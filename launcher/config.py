@@ -220,7 +220,7 @@ class LaunchConfig:
             raise ConfigError("missing the command to run: put it after --, e.g. "
                               "mxlbbsp launch -n 2 -- python train.py")
         # no -n: one worker per slot of the hostfile or the SLURM allocation; without either
-        # the local transport asks for -n (see transport.choose)
+        # the local transport asks for -n (see job.choose_transport)
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
         if self.num_servers < 1:

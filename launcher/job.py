@@ -46,6 +46,7 @@ from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, local_transport, stop_all
+from .slurm import SlurmTransport, in_allocation
 
 EXIT_CONFIG = 2
 EXIT_STALL = 124
@@ -98,6 +99,30 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
+def choose_transport(config: LaunchConfig,
+                     hosts: Optional[List[Host]] = None) -> _transport.Transport:
+    """The transport of a job: --launcher if given; else SSH with a hostfile, SLURM inside an
+    allocation, local otherwise. ``hosts``: the hosts left for a restart."""
+    name = config.launcher
+    if name is None:
+        if config.hostfile is not None:
+            name = "ssh"
+        elif in_allocation():
+            name = "slurm"
+        else:
+            name = "local"
+    if name == "ssh":
+        return _transport.SshTransport(config, hosts)
+    if name == "slurm":
+        return SlurmTransport(config, hosts)
+    if name == "local":
+        if config.hostfile is not None:
+            raise ConfigError("--launcher local runs every process on this machine: drop "
+                              "-H/--hostfile, or use --launcher ssh")
+        return _transport.LocalTransport(config)
+    raise ConfigError(f"--launcher {name!r}: choose one of {', '.join(_transport.NAMES)}")
+
+
 class Job:
     def __init__(self, config: LaunchConfig, output: Optional[Output] = None,
                  hosts: Optional[List[Host]] = None):
@@ -105,7 +130,7 @@ class Job:
         self.output = output or Output(None if config.dry_run else config.log_dir)
         self.reason: Optional[str] = None        # why the job failed, in a few words
         self.resume_from = config.resume_from()
-        self.transport = _transport.choose(config, hosts)
+        self.transport = choose_transport(config, hosts)
         self.hosts = self.transport.hosts()
         n = self.transport.default_workers(self.hosts)
         slots = sum(h.slots for h in self.hosts)

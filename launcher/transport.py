@@ -19,8 +19,8 @@ roles are started:
 
 Three implementations: :class:`LocalTransport` (every role on this machine),
 :class:`SshTransport` (a hostfile, OpenSSH: :mod:`.ssh`) and ``SlurmTransport`` (inside a
-SLURM allocation, ``srun``: :mod:`.slurm`). :func:`choose` picks one from ``--launcher``, the
-hostfile and the environment. The scheduler always runs on this machine, through the local
+SLURM allocation, ``srun``: :mod:`.slurm`). ``job.choose_transport`` picks one from
+``--launcher``, the hostfile and the environment. The scheduler always runs on this machine, through the local
 transport.
 """
 from __future__ import annotations
@@ -261,26 +261,3 @@ def _resolves(name: str) -> bool:
     except OSError:
         return False
 
-
-def choose(config: LaunchConfig, hosts: Optional[List[Host]] = None) -> Transport:
-    """The transport of a job: --launcher if given; else SSH with a hostfile, SLURM inside an
-    allocation, local otherwise. ``hosts``: the hosts left for a restart."""
-    from . import slurm
-    name = config.launcher
-    if name is None:
-        if config.hostfile is not None:
-            name = "ssh"
-        elif slurm.in_allocation():
-            name = "slurm"
-        else:
-            name = "local"
-    if name == "ssh":
-        return SshTransport(config, hosts)
-    if name == "slurm":
-        return slurm.SlurmTransport(config, hosts)
-    if name == "local":
-        if config.hostfile is not None:
-            raise ConfigError("--launcher local runs every process on this machine: drop "
-                              "-H/--hostfile, or use --launcher ssh")
-        return LocalTransport(config)
-    raise ConfigError(f"--launcher {name!r}: choose one of {', '.join(NAMES)}")
