@@ -323,8 +323,8 @@ def test_an_sbatch_script_like_the_readme_one(cluster, tmp_path):
 
 
 def test_launcher_and_its_sruns_killed_leave_nothing(cluster):
-    """kill -9 of the launcher and of every srun it started: the steps outlive srun, but
-    their guards hear no heartbeat and stop their roles (silence 30 s)."""
+    """kill -9 of the launcher and of every srun it started: the guards in the steps stop
+    their roles (their stdin closes, or at the latest no heartbeat comes for 30 s)."""
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
         salloc_argv(["-N", 2, "-n", 2, "--overcommit"],
