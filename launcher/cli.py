@@ -22,7 +22,8 @@ EXIT_USAGE = 2
 LAUNCH_HELP = """Run COMMAND on N workers as one LB-BSP job.
 
 \b
-Starts, on this machine (or over SSH on the hosts of a hostfile):
+Starts, on this machine (or over SSH on the hosts of a hostfile, or with srun
+on the nodes of the SLURM allocation it runs in):
   the ps-lite scheduler, S parameter servers (python -m mxlbbsp.server),
   the coordinator (in this process: predicts each worker's speed and splits
   the global batch so that all finish together), and N copies of COMMAND
@@ -115,14 +116,19 @@ def cli(verbose):
                                                   # command's first word, -- or not
                                                   "allow_interspersed_args": False})
 @click.option("-n", "--num-workers", type=int, metavar="N",
-              help="Number of workers (default with -H: one per slot of its hosts).")
+              help="Number of workers (default with -H or in a SLURM allocation: one per "
+                   "slot).")
 @click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
               help="Number of parameter servers.")
 @click.option("-H", "--hostfile", metavar="HOSTS",
               help="Hosts to run on over SSH: a hostfile (an existing file; one host per "
                    "line: host, user@host, 'host slots=N', 'host port=P', host:P with P >= "
                    "1024) or an inline list as horovodrun's, host1:4,host2:4 (the number "
-                   "after ':' is slots). Without it everything runs on this machine.")
+                   "after ':' is slots). Without it everything runs on this machine (in a "
+                   "SLURM allocation: on its nodes, with srun).")
+@click.option("--launcher", type=click.Choice(["local", "ssh", "slurm"]),
+              help="How the processes start (default: ssh with -H, slurm inside a SLURM "
+                   "allocation, else local).")
 @click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
@@ -233,7 +239,8 @@ def cli(verbose):
               help="Log each allocation (iteration, predicted speeds, the split) and the "
                    "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning, deadline,
+def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning,
+           deadline,
            batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
@@ -246,12 +253,14 @@ def launch(num_workers, num_servers, hostfile, sync, r2sp_gap_ratio, r2sp_tuning
 
     config = LaunchConfig(
         command=list(command), num_workers=num_workers, num_servers=num_servers,
-        hostfile=hostfile, sync=sync, predictor=predictor, time_model=time_model,
-        exog=exog, signals=signal_spec, threshold=threshold, max_batch_size=max_batch_size, min_batch_size=min_batch_size,
-        tensorboard=tensorboard, emulate_slowdown=emulate_slowdown,
+        hostfile=hostfile, launcher=launcher, sync=sync, predictor=predictor,
+        time_model=time_model, exog=exog, signals=signal_spec, threshold=threshold,
+        max_batch_size=max_batch_size, min_batch_size=min_batch_size, tensorboard=tensorboard,
+        emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
-        stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port, ssh_identity=ssh_identity,
+        stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port,
+        ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
         dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
         deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs,

@@ -172,7 +172,7 @@ class LaunchConfig:
     """One job. See ``mxlbbsp launch --help`` for the meaning of each field."""
 
     command: List[str]
-    num_workers: Optional[int] = None         # None: one per hostfile slot
+    num_workers: Optional[int] = None         # None: one per slot (hostfile, allocation)
     num_servers: int = 1
     hostfile: Optional[str] = None
     sync: str = modes.DEFAULT
@@ -210,6 +210,7 @@ class LaunchConfig:
     checkpoint_every: Optional[int] = None
     resume: Optional[str] = None
     restarts: int = 0
+    launcher: Optional[str] = None            # local | ssh | slurm; None: detected
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -225,9 +226,8 @@ class LaunchConfig:
         if not self.command:
             raise ConfigError("missing the command to run: put it after --, e.g. "
                               "mxlbbsp launch -n 2 -- python train.py")
-        if self.hostfile is None and self.num_workers is None:
-            raise ConfigError("how many workers? give -n/--num-workers before the command "
-                              "(or hosts with -H)")
+        # no -n: one worker per slot of the hostfile or the SLURM allocation; without either
+        # the local transport asks for -n (see job.choose_transport)
         if self.num_workers is not None and self.num_workers < 1:
             raise ConfigError(f"-n/--num-workers must be at least 1 (got {self.num_workers})")
         if self.num_workers is not None and self.num_workers > MAX_WORKERS:

@@ -5,26 +5,28 @@ port, restarted on another if the port was taken meanwhile), the servers, the wo
 the supervision loop, every 0.1 s, ends the job on the first of:
 
 * a configuration problem found by the coordinator (e.g. global batch < workers): exit 2;
-* a process exiting non-zero (or an SSH connection lost): that exit code, naming the role,
-  rank and host;
+* a process exiting non-zero (or its transport failing: an SSH connection lost, a SLURM node
+  that failed): that exit code, naming the role, rank and host;
 * SIGINT / SIGTERM: 130 / 143;
 * the coordinator failing the job for every worker (e.g. workers that run different numbers
   of iterations): 1, with its one line;
 * no iteration finished for the stall limit (a frozen worker, a dead ps-lite peer: they hang
   rather than fail): 124. On by default (:func:`stall_limit`); for a script without
   mxlbbsp.DataLoader (no iterations known), no CPU use by any worker for that long (measured
-  here for local workers; remote workers' guards report it every CPU_EVERY s over SSH);
+  here for local workers; remote workers' guards report it every CPU_EVERY s);
 * every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
 
 Whatever ended the job, every process of it on every host is stopped before ``run`` returns.
 
 :func:`run_job` wraps it for checkpoints: with ``--restarts N`` a failed job (not bad input,
-not an interrupt) is started again from the latest checkpoint, up to N times; over SSH the
-hosts that fail the pre-flight are left out (the workers' number shrinks to the slots left).
+not an interrupt) is started again from the latest checkpoint, up to N times; the hosts that
+fail the transport's pre-flight are left out (the workers' number shrinks to the slots left).
+
+How the roles reach their hosts (this machine, SSH, srun) is the job's transport
+(:mod:`.transport`): the job asks it, and never branches on which one it is.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import secrets
@@ -41,11 +43,12 @@ from mxlbbsp import metrics as _metrics
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
 
-from . import ssh
+from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
 from .guard import SHARE_CORES
-from .hostfile import LOCAL, Host, Placement, local_ranks, place
+from .hostfile import Host, Placement, local_ranks, place
 from .procs import Output, RoleProcess, local_transport, stop_all
+from .slurm import SlurmTransport, in_allocation
 
 EXIT_CONFIG = 2
 EXIT_STALL = 124
@@ -61,11 +64,6 @@ STOPPED_FLOOR = 10.0
 IDLE_CPU = 0.02
 #: a remote worker's guard reports its CPU seconds this often (see guard.CPU)
 CPU_EVERY = 1.0
-#: how often a role is started over SSH when the connection fails before its guard runs
-CONNECT_ATTEMPTS = 5
-#: variables forwarded to remote hosts (besides every --env)
-FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THREADS")
-FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
 
 
 def stall_limit(setting: Optional[float], floors, iteration: int,
@@ -105,14 +103,6 @@ class JobFailed(RuntimeError):
     """The job could not start (not bad input): exit code 1, one line."""
 
 
-def _resolves(name: str) -> bool:
-    try:
-        socket.gethostbyname(name)
-        return True
-    except OSError:
-        return False
-
-
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
@@ -127,28 +117,51 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
+def choose_transport(config: LaunchConfig,
+                     hosts: Optional[List[Host]] = None) -> _transport.Transport:
+    """The transport of a job: --launcher if given; else SSH with a hostfile, SLURM inside an
+    allocation, local otherwise. ``hosts``: the hosts left for a restart."""
+    name = config.launcher
+    if name is None:
+        if config.hostfile is not None:
+            name = "ssh"
+        elif in_allocation():
+            name = "slurm"
+        else:
+            name = "local"
+    if name == "ssh":
+        return _transport.SshTransport(config, hosts)
+    if name == "slurm":
+        return SlurmTransport(config, hosts)
+    if name == "local":
+        if config.hostfile is not None:
+            raise ConfigError("--launcher local runs every process on this machine: drop "
+                              "-H/--hostfile, or use --launcher ssh")
+        return _transport.LocalTransport(config)
+    raise ConfigError(f"--launcher {name!r}: choose one of {', '.join(_transport.NAMES)}")
+
+
 class Job:
     def __init__(self, config: LaunchConfig, output: Optional[Output] = None,
                  hosts: Optional[List[Host]] = None):
         self.config = config
         self.output = output or Output(None if config.dry_run else config.log_dir)
-        self.remote = config.hostfile is not None
         self.reason: Optional[str] = None        # why the job failed, in a few words
         self.since: Optional[float] = None       # monotonic start of the first attempt
         self.attempt = 0                          # restarts before this attempt
         self.resume_from = config.resume_from()
-        if self.remote:
-            self.hosts = hosts or config.hosts
-            n = config.num_workers or sum(h.slots for h in self.hosts)
-        else:
-            n = config.num_workers
-            self.hosts = [dataclasses.replace(LOCAL, slots=n)]
+        self.transport = choose_transport(config, hosts)
+        self.hosts = self.transport.hosts()
+        n = self.transport.default_workers(self.hosts)
+        slots = sum(h.slots for h in self.hosts)
+        if n > slots:
+            raise ConfigError(self.transport.too_many_workers(n, slots))
         config.num_workers = n
         config.resolve_slowdown(n)
         config.check_workers(n)
         self.placement: Placement = place(self.hosts, n, config.num_servers)
         self.token = secrets.token_hex(16)
-        self.bind = config.bind or ("127.0.0.1" if not self.remote else None)
+        self.bind = config.bind         # None: the transport's (see _resolve_bind)
         if config.ps_interface and not config.bind:
             self.bind = interface_addresses(config.ps_interface)[0]
         self.procs: List[RoleProcess] = []
@@ -157,8 +170,8 @@ class Job:
         self.workers: List[RoleProcess] = []
         self.coordinator: Optional[Coordinator] = None
         self._signal: Optional[int] = None
-        self._ssh = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)
-        self._keepalive = ssh.keepalive(self._ssh) if self.remote else None
+        self._keepalive = self.transport.keepalive
+        self._local = _transport.Transport(config)     # the scheduler's: this machine
         self._stopped = threading.Event()
         try:
             self._floors = _env.stall_floors()
@@ -167,17 +180,11 @@ class Job:
 
     # ---- the environment of each role --------------------------------------------------
 
-    def _python(self, host: Host) -> str:
-        return (self.config.remote_python or sys.executable) if self.remote else sys.executable
-
     def _base_env(self, host: Host, procs_on_host: Optional[int]) -> Dict[str, str]:
         """``procs_on_host``: the job's workers on ``host``; None for the scheduler and the
         servers, which run on one thread."""
         env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-        if self.remote:
-            for key, value in os.environ.items():
-                if key in FORWARD or key.startswith(FORWARD_PREFIXES):
-                    env[key] = value
+        env.update(self.transport.forwarded())
         if procs_on_host is None:
             env["OMP_NUM_THREADS"] = "1"
         elif "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
@@ -186,38 +193,32 @@ class Job:
             env[SHARE_CORES] = str(max(procs_on_host, 1))
         return env
 
-    def _node_host(self, host: Host) -> Optional[str]:
-        if self.config.ps_interface:
-            # locally: the interface's address here; remotely ps-lite takes the address of
-            # DMLC_INTERFACE on each host (DMLC_NODE_HOST would win over it)
-            return None if self.remote else self.bind
-        return host.address if self.remote else "127.0.0.1"
-
-    def _transport(self, host: Host) -> List[str]:
-        if not self.remote:
-            return local_transport()
-        return ssh.command(host, self._ssh, [self._python(host), "-m", "mxlbbsp.launcher.guard"])
-
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,
               boot: bool = False, cpu: bool = False) -> RoleProcess:
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
         silence = None
-        if transport is None and self._keepalive:     # over SSH: see ssh.keepalive
+        if transport is None and self._keepalive:     # e.g. over SSH: see ssh.keepalive
             silence = self._keepalive[1]
+        label = role if rank is None else f"{role}-{rank}"
+        local = transport is not None
         proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
-                           transport or self._transport(host), self.output,
-                           show_host=self.remote, silence=silence, boot=boot,
-                           cpu_every=CPU_EVERY if cpu and self.remote else None)
+                           transport or self.transport.guard_argv(host, label), self.output,
+                           show_host=self.transport.remote, silence=silence, boot=boot,
+                           cpu_every=CPU_EVERY if cpu and self.transport.reports_cpu else None)
+        proc.via = self._local if local else self.transport
+        proc.hide = proc.via.hide
         self.procs.append(proc)
         return proc
 
     def _ps_env(self, role: str, host: Host, port: int,
                 per_host: Optional[int]) -> Dict[str, str]:
         env = self._base_env(host, per_host)
+        node_host = self.transport.node_host(Host(self.bind) if role == "scheduler" else host,
+                                             self.bind)
         env.update(_env.ps_env(role, self.bind, port, self.config.num_servers,
-                               self.config.num_workers, self._node_host(host),
+                               self.config.num_workers, node_host,
                                self.config.ps_interface))
         return env
 
@@ -228,7 +229,7 @@ class Job:
         per_host: Dict[str, int] = {}
         for h in self.placement.workers:
             per_host[h.name] = per_host.get(h.name, 0) + 1
-        here = Host(self.bind) if self.remote else LOCAL
+        here = Host(self.bind)
         env = self._ps_env("scheduler", here, scheduler_port, None)
         self.scheduler = self._role("scheduler", None, here,
                                     [sys.executable, "-m", "mxlbbsp.server"], env,
@@ -236,8 +237,8 @@ class Job:
         self.servers = []
         for r, host in enumerate(self.placement.servers):
             env = self._ps_env("server", host, scheduler_port, None)
-            self.servers.append(self._role("server", r, host,
-                                           [self._python(host), "-m", "mxlbbsp.server"], env))
+            argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
+            self.servers.append(self._role("server", r, host, argv, env))
         self.workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
@@ -261,18 +262,8 @@ class Job:
         lines = [f"job: {self.config.num_workers} worker(s), {self.config.num_servers} "
                  f"server(s), sync={self.config.sync}, scheduler and coordinator on "
                  f"{self.bind}; every process runs in {self.config.cwd}"]
-        if self.remote and self.bind.startswith("127.") and self.config.bind is None:
-            unknown = [h.name for h in self.hosts if not h.address
-                       and not _resolves(ssh.ssh_hostname(h, self._ssh))]
-            if unknown:
-                lines.append(f"note: {', '.join(unknown)} did not resolve here, so the "
-                             "scheduler's address is a guess; give --bind ADDR (this "
-                             "machine's address that the hosts can reach)")
-        if self.remote:
-            forwarded = sorted(set(FORWARD) | {f"{p}*" for p in FORWARD_PREFIXES}
-                               | set(self.config.env))
-            lines.append("forwarded to every host through the SSH session's stdin (not on a "
-                         f"command line): {' '.join(forwarded)}")
+        lines += self.transport.bind_notes(self.hosts, self.bind)
+        lines += self.transport.describe()
         lines.append(f"{'ROLE':<10} {'RANK':<5} {'HOST':<20} COMMAND")
         chosen = {_env.TOKEN: "<secret>", _env.PS_ROOT_PORT: "<free port>",
                   _env.COORDINATOR: f"{self.bind}:<free port>"}
@@ -284,7 +275,7 @@ class Job:
             rank = "-" if p.rank is None else str(p.rank)
             lines.append(f"{p.role:<10} {rank:<5} {where:<20} {shlex.join(p.argv)}")
             lines.append(f"{'':<10} {'':<5} {'':<20}   env: {env_text}")
-            if self.remote and p is not self.scheduler:
+            if p.via.remote:
                 lines.append(f"{'':<10} {'':<5} {'':<20}   via: {shlex.join(p.transport)}")
         self.procs = []
         return "\n".join(lines)
@@ -293,7 +284,7 @@ class Job:
 
     def _resolve_bind(self) -> None:
         if self.bind is None:
-            self.bind = ssh.bind_address(self.hosts, self._ssh)
+            self.bind = self.transport.bind_address(self.hosts)
 
     def _on_signal(self, signum, frame) -> None:
         if self._signal is not None:       # a second Ctrl-C: stop waiting politely
@@ -303,25 +294,20 @@ class Job:
 
     def run(self) -> int:
         cfg = self.config
-        if not self.remote:
-            cfg.check_command_locally()
+        self.transport.check_command()
         if cfg.dry_run:
             print(self.describe())
             return 0
-        if not self.remote and importlib.util.find_spec("mxnet") is None:
+        if not self.transport.remote and importlib.util.find_spec("mxnet") is None:
             raise ConfigError(NO_MXNET)      # the scheduler and the servers need it here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            if self.remote:
-                failed = ssh.preflight(self.hosts, self._ssh, self._python(self.hosts[0]),
-                                       cfg.cwd)
-                if failed:
-                    raise JobFailed(f"SSH pre-flight failed on {len(failed)} of "
-                                    f"{len(ssh.distinct(self.hosts))} host(s), nothing "
-                                    f"was started: {'; '.join(failed)}")
-                if self._signal is not None:
-                    return self._interrupted()
-                self._resolve_bind()
+            failed = self.transport.preflight(self.hosts)
+            if failed:
+                raise JobFailed(self.transport.preflight_failed(failed, self.hosts))
+            if self._signal is not None:
+                return self._interrupted()
+            self._resolve_bind()
             return self._run()
         finally:
             self._teardown()
@@ -538,8 +524,9 @@ class Job:
                 f"hangs){note}")
 
     def preflight(self, host) -> Optional[str]:
-        """What is wrong with ``host`` for this job now (ssh pre-flight), None if nothing."""
-        return ssh.check_host(host, self._ssh, self._python(host), self.config.cwd)
+        """What is wrong with ``host`` for this job now (the transport's pre-flight), None if
+        nothing."""
+        return self.transport.check_host(host)
 
     def _host_answers(self, name: str) -> bool:
         """Whether ``name`` still passes the pre-flight (a few seconds at most)."""
@@ -554,37 +541,23 @@ class Job:
             if rc is None or rc == 0:
                 continue
             rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
-            over_ssh = self.remote and p is not self.scheduler
-            if over_ssh and rc == 255:
-                p.drain_output()        # the guard's exit line, if it sent one
-                over_ssh = p.reported_exit != 255   # the command's own 255 is not ssh's
-            if over_ssh and rc == 255 and p.reconnect(CONNECT_ATTEMPTS):
+            what = p.via.explain(p, rc, self._host_answers)
+            if what == _transport.RETRY:
                 continue
-            last = p.flush_early()
-            where = f" on {p.host}" if self.remote else ""
-            if over_ssh and rc == 255 and not p.connected.is_set():
-                what = (f"could not connect to {p.host} ({p.attempts} attempt(s), ssh exit 255"
-                        f"{': ' + last if last else ''})")
-            elif over_ssh and rc == 255 and not ssh.says_connection_lost(p.last_stderr) \
-                    and self._host_answers(p.host):
-                # ssh says nothing when the remote command itself ends by a signal (nor, at
-                # LogLevel ERROR, when its keep-alives time out: hence the probe)
-                what = (f"exited{where}: its guard was killed, and the role with it (ssh exit "
-                        "255 with the connection intact)")
-            elif over_ssh and rc == 255:
-                what = f"lost its SSH connection{where} (ssh exit 255)"
-            else:
+            p.flush_early()
+            where = f" on {p.host}" if p.via.remote else ""
+            if what is None:
                 p.drain_output(1.0)     # its exit hook's last line, if it wrote one
                 what = f"exited with code {rc}{where}"
+                killed = p.via.killed_by(p)
                 if p.error_line:        # its own one-line refusal: the cause, said once
                     what = f"exited with code {rc}{where}: {p.error_line}"
                 elif p.exit_reason:
                     what = f"exited with code {rc}{where}: {p.exit_reason}"
                 elif p.signalled is not None:
                     what = f"was killed by {_killed_by(p.signalled, rc)}{where}"
-                elif not self.remote and p.proc.returncode < 0 and p.reported_exit is None:
-                    sig = signal.Signals(-p.proc.returncode).name
-                    what = (f"exited with code {rc}{where}: its guard was killed ({sig}), "
+                elif killed:
+                    what = (f"exited with code {rc}{where}: its guard was killed ({killed}), "
                             "and the role with it")
             name = p.role if p.rank is None else f"{p.role} {p.rank}"
             self.reason = f"{name} {what}"
@@ -664,6 +637,7 @@ class Job:
         procs = [p for p in self.procs if p.proc is not None]
         if procs:
             stop_all(procs, grace=3.0)
+        self.transport.cleanup()
         if self.coordinator is not None:
             self.coordinator.stop()
 
@@ -677,7 +651,7 @@ NO_RESTART = (0, EXIT_CONFIG, 130, 143)
 def _reachable(job: Job) -> tuple:
     """(hosts that pass the pre-flight, one reason per host that does not)."""
     results = {}
-    for h in ssh.distinct(job.hosts):
+    for h in job.transport.distinct(job.hosts):
         results[h.name] = job.preflight(h)
     ok = [h for h in job.hosts if not results.get(h.name)]
     return ok, [f"{name} unreachable" for name, r in results.items() if r]
@@ -725,14 +699,13 @@ def run_job(config: LaunchConfig) -> int:
         hosts, dropped = None, []
         config.num_workers = requested
         config.resume = None               # the newest checkpoint is in --checkpoint-dir
-        if job.remote:
-            hosts, dropped = _reachable(job)
-            if not hosts:
-                job.output.say("no restart: no host passes the pre-flight "
-                               f"({'; '.join(dropped)})")
-                return rc
-            slots = sum(h.slots for h in hosts)
-            config.num_workers = min(requested or slots, slots)
+        hosts, dropped = _reachable(job)        # hosts may be gone: leave them out
+        if not hosts:
+            job.output.say("no restart: no host passes the pre-flight "
+                           f"({'; '.join(dropped)})")
+            return rc
+        slots = sum(h.slots for h in hosts)
+        config.num_workers = min(requested or slots, slots)
         n = config.num_workers
         why = "; ".join(dropped) or job.reason or f"exit code {rc}"
         iteration = _ckpt.read_manifest(latest)["iteration"] + 1

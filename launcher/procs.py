@@ -1,8 +1,11 @@
-"""The processes of a job: each one a guard (see :mod:`.guard`), reached locally or over SSH.
+"""The processes of a job: each one a guard (see :mod:`.guard`), reached locally, over SSH or
+with srun.
 
 A :class:`RoleProcess` is one role (scheduler, server r, worker r) on one host. Its transport
-is the argv that starts a guard there: ``python -m mxlbbsp.launcher.guard`` on this machine,
-or ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`). Either way
+is the argv that starts a guard there (:mod:`.transport`): ``python -m mxlbbsp.launcher.guard``
+on this machine, ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`),
+or ``srun ... --nodelist=node <python> -m mxlbbsp.launcher.guard`` in a SLURM allocation
+(:mod:`.slurm`). Either way
 the launcher writes the spec (argv, environment, folder) to the transport's stdin, reads its
 output line by line with a ``[role rank]`` prefix, and stops it by closing that stdin.
 
@@ -111,6 +114,11 @@ class RoleProcess:
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
+        #: the job's transport object that explains this process's failures (job.py sets it)
+        self.via = None
+        #: the transport's own lines on stderr that the launcher's failure line says better
+        #: (e.g. srun's "task 0: Exited with exit code N"): kept in the log, not shown
+        self.hide = None
         self.output = output
         self.grace = grace
         #: the guard stops the role after this long without a line (see :meth:`beat`)
@@ -215,6 +223,10 @@ class RoleProcess:
                         continue
                 if to_stderr and text.startswith(EXIT_MARKER):
                     self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
+                if to_stderr and self.hide is not None and self.hide.search(text):
                     if self._log is not None:
                         self._log.write(text + "\n")
                     continue

@@ -185,6 +185,11 @@ def host(env: Optional[Mapping[str, str]] = None) -> str:
     return _get(env, HOST) or socket.gethostname()
 
 
+def local_rank(env: Optional[Mapping[str, str]] = None) -> int:
+    """This worker's number among the job's workers on its host (e.g. the GPU it takes)."""
+    return _int(env, LOCAL_RANK, 0)
+
+
 def slowdown(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_SLOWDOWN, unparsed (see :mod:`mxlbbsp.slowdown`)."""
     return _get(env, SLOWDOWN)
