@@ -86,8 +86,8 @@ class Transport:
 
     def too_many_workers(self, workers: int, slots: int) -> str:
         """The one line for -n above the slots."""
-        return (f"-n {workers} workers, but the hostfile has only {slots} slot(s); add hosts, "
-                "raise slots=N, or lower -n")
+        return (f"-n {workers} workers, but the hosts of -H have only {slots} slot(s); add "
+                "hosts, raise their slots, or lower -n")
 
     # ---- addresses --------------------------------------------------------------------------
 
