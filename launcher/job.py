@@ -38,6 +38,7 @@ from typing import Dict, List, Optional
 from mxlbbsp import _env, modes
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.courier import launch_clock
 
 from . import ssh
 from .config import ConfigError, LaunchConfig, interface_addresses
@@ -322,6 +323,7 @@ class Job:
             exog=cfg.exog_columns,
             max_batch=cfg.max_batch_size, metrics_path=cfg.metrics, host=self.bind,
             slowdown=cfg.slowdown, sync_options=cfg.sync_options,
+            started=launch_clock(),      # the deadline counts from the launch
             checkpoint_dir=cfg.checkpoint_dir,
             checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
             resume_state=state))
