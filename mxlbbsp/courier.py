@@ -348,13 +348,22 @@ def launch_clock() -> float:
     return time.monotonic() - max(age, 0.0)
 
 
+#: the least relative spread of a worker's batch sizes that separates fixed and per-sample cost
+MIN_SPREAD = 0.1
+
+
 def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
     """Per-worker time models and the push/pull time from a metrics log (a profiling run).
 
     Returns (ranks, TimeModel, sync_s). Each worker's compute time is fitted as
-    a + b / v by least squares over its records when its batch sizes vary by 10% or more,
-    else as b / v (a = 0); ``sync_s`` is the median of the records' ``sync_s`` (0 when
-    none). The first ``skip`` iterations (graph building) are left out.
+    a + b / v by least squares over its records; ``sync_s`` is the median of the records'
+    ``sync_s`` (0 when none). The first ``skip`` iterations (graph building) are left out.
+
+    A worker whose batch sizes vary by less than ``MIN_SPREAD`` (relative standard
+    deviation) cannot have its fixed cost told from its per-sample cost: assuming none
+    overstates the cost of a sample (a B=16 profile put a 3x slower worker at 10x), so that
+    is a :class:`PlanError` asking for a profile with varied batch sizes (e.g. the records
+    of two short runs at different global batches, pooled).
     """
     rows = {}
     syncs = []
@@ -372,17 +381,28 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
         raise PlanError(f"no usable records after iteration {skip - 1}: run the profiling job "
                         "for more iterations")
     ranks = sorted(rows)
-    speed, intercept = [], []
+    speed, intercept, flat = [], [], []
     for r in ranks:
         data = np.array(rows[r])
         b, t = data[:, 0], data[:, 1]
         a, v = 0.0, float(np.sum(b) / np.sum(t))
-        if len(b) >= 4 and np.std(b) / np.mean(b) >= 0.1:
+        if len(b) < 4 or np.std(b) / np.mean(b) < MIN_SPREAD:
+            flat.append(f"rank {r}: {b.min():.0f}-{b.max():.0f}")
+        else:
             slope, icpt = np.polyfit(b, t, 1)
-            if slope > 0 and 0 <= icpt < 0.8 * t.min():
+            if slope > 0 and 0 <= icpt < t.min():
                 a, v = float(icpt), float(1.0 / slope)
+            elif slope > 0 and icpt < 0:
+                # no fixed cost to see: the least-squares line through 0
+                v = float(np.sum(b * b) / np.sum(b * t))
         speed.append(v)
         intercept.append(a)
+    if flat:
+        raise PlanError(
+            f"the profile's batch sizes barely vary ({', '.join(flat[:3])}"
+            f"{', ...' if len(flat) > 3 else ''} samples), so the fixed cost per iteration "
+            "cannot be told from the per-sample cost; profile at two global batch sizes "
+            "(e.g. two short runs at B and 4B) and give both metrics files")
     model = _bal.TimeModel(np.array(speed), np.array(intercept))
     return ranks, model, float(np.median(syncs)) if syncs else 0.0
 
