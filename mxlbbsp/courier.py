@@ -20,6 +20,7 @@ Pure numpy, no MXNet: used by the coordinator, by ``mxlbbsp plan`` and by tests.
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -28,6 +29,8 @@ from typing import List, NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import balancer as _bal
+
+_log = logging.getLogger(__name__)
 
 #: how the learning rate follows the global batch: lr(B) = lr0 * factor(B / B0)
 LR_SCALING = {
@@ -335,6 +338,34 @@ def iteration_time(model: _bal.TimeModel, sync_s: float, batch: int, max_batch=N
     """The predicted time of one iteration of global batch ``batch`` (inf: no split)."""
     return plan(model, sync_s, Work(0, int(batch), 0.0), [int(batch)], None,
                 max_batch)[0].iteration_s
+
+
+#: above this learning-rate factor, momentum (the update's memory of earlier, smaller steps)
+#: makes a linearly scaled step much larger than the rule intends (Goyal et al. 2017 warm up
+#: for it): warned once per worker
+MOMENTUM_FACTOR = 4.0
+_momentum_warned = set()
+
+
+def momentum_warning(momentum: float, factor: float) -> Optional[str]:
+    """The warning when momentum and a large learning-rate factor meet, else None."""
+    if momentum and momentum > 0 and factor >= MOMENTUM_FACTOR:
+        return (f"the learning rate is scaled {factor:.1f}x with the global batch "
+                f"(--lr-scaling) while SGD momentum is {momentum:g}: with momentum a large "
+                "factor overshoots (the step carries the earlier, smaller steps); if the loss "
+                "jumps, use --lr-scaling sqrt, a narrower --batch-range, or less momentum")
+    return None
+
+
+def warn_momentum(optimizer, factor: float) -> None:
+    """Logs :func:`momentum_warning` once per optimizer (a worker's one-time line)."""
+    key = id(optimizer)
+    if key in _momentum_warned:
+        return
+    text = momentum_warning(float(getattr(optimizer, "momentum", 0.0) or 0.0), factor)
+    if text:
+        _momentum_warned.add(key)
+        _log.warning(text)
 
 
 def launch_clock() -> float:

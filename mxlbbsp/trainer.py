@@ -52,6 +52,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from . import _env
+from . import courier as _courier
 from . import session as _session
 
 
@@ -111,6 +112,8 @@ class Trainer(gluon.Trainer):
         # (--lr-scaling): folded into the gradient's scale, on the workers and in a replay
         # alike. With weight decay, the decay term keeps the base learning rate.
         norm /= sess.lr_factor() if sess is not None and batch_size is None else 1.0
+        if sess is not None and batch_size is None and sess.sets_batch:
+            _courier.warn_momentum(self._optimizer, sess.lr_factor())
         if sess is not None:
             nd.waitall()
             sess.gradients_ready()

@@ -505,3 +505,19 @@ def test_launch_refuses_bad_courier_options_before_starting_anything(capsys, arg
     err = captured.err.strip()
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
     assert "started" not in captured.out + captured.err
+
+
+def test_momentum_and_a_large_learning_rate_factor_are_warned_once(caplog):
+    assert courier.momentum_warning(0.9, 2.0) is None           # a small factor
+    assert courier.momentum_warning(0.0, 16.0) is None          # no momentum
+    text = courier.momentum_warning(0.9, 16.0)
+    assert "16.0x" in text and "momentum is 0.9" in text and "--lr-scaling sqrt" in text
+
+    class SGD:
+        momentum = 0.9
+    opt = SGD()
+    with caplog.at_level("WARNING", logger="mxlbbsp.courier"):
+        for factor in (1.0, 2.0, 8.0, 16.0, 8.0):
+            courier.warn_momentum(opt, factor)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mxlbbsp.courier"]
+    assert len(lines) == 1 and "8.0x" in lines[0]
