@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import time
 from typing import List, NamedTuple, Optional, Sequence
@@ -212,14 +213,17 @@ class BatchPlanner:
       The predictions are also corrected by the median of that ratio (a cluster that is
       steadily 10 % slower than its time models predict is planned as such);
     * moves **up** at once to the smallest batch that meets the deadline with the whole
-      margin when the current one is predicted to miss it with half the margin (hysteresis:
-      noise moves a prediction across one line, not across the band between them);
+      margin when the current one is predicted to miss the deadline itself; when it is only
+      predicted to eat into half the margin, it moves up the same way unless ``max_changes``
+      changes were already made in this epoch (hysteresis: noise moves a prediction across
+      one line, not across the band between them);
     * moves **down** only when, at each of the last ``every`` plans, a batch at least
       ``min_step`` times smaller met the deadline with the whole margin, then to the largest
       of those, and only while fewer than ``max_changes`` changes were made in this epoch;
     * when no batch meets the deadline, takes the fastest one and says so (``missing``).
 
-    With steady speeds this makes at most ``max_changes`` changes per epoch.
+    With steady speeds (no prediction of an outright miss) this makes at most
+    ``max_changes`` changes per epoch.
     """
 
     START_MARGIN = 0.1
@@ -303,9 +307,14 @@ class BatchPlanner:
         row = next((r for r in rows if r.batch == cur), None)
         keep = row is not None and row.finish_s <= budget * (1.0 - margin / 2)
         if not keep:
-            # predicted to miss: move at once (to the smallest that meets it, or the fastest)
+            # Behind: move at once (to the smallest that meets it, or the fastest) when the
+            # current B is predicted to miss the deadline itself; when it only eats into the
+            # margin, only while the epoch's changes are not spent.
             self._down = []
-            return self._change(best)
+            must = row is None or row.finish_s > budget
+            if must or self.changes_in_epoch < self.max_changes:
+                return self._change(best)
+            return self.current
         # Ahead: a smaller batch only after it met the deadline at every one of the last
         # `every` plans, then the largest of those choices (the most cautious), and only
         # while the epoch's changes are not spent.
@@ -370,11 +379,18 @@ def warn_momentum(optimizer, factor: float) -> None:
 
 def launch_clock() -> float:
     """``time.monotonic()`` of the moment this process started (the launch, for the
-    launcher): a deadline counts from there, not from when the coordinator is built."""
+    launcher): a deadline counts from there, not from when the coordinator is built.
+
+    From /proc (the process's start in clock ticks since boot against the uptime: 10 ms
+    resolution; psutil's create_time rounds the boot time to the second); where there is no
+    /proc, now."""
     try:
-        import psutil
-        age = time.time() - psutil.Process().create_time()
-    except (ImportError, OSError):
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
         age = 0.0
     return time.monotonic() - max(age, 0.0)
 
