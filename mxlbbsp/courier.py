@@ -428,7 +428,7 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
         raise PlanError(f"no usable records after iteration {skip - 1}: run the profiling job "
                         "for more iterations")
     ranks = sorted(rows)
-    speed, intercept, flat = [], [], []
+    speed, intercept, flat, noisy = [], [], [], []
     for r in ranks:
         data = np.array(rows[r])
         b, t = data[:, 0], data[:, 1]
@@ -442,6 +442,8 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
             elif slope > 0 and icpt < 0:
                 # no fixed cost to see: the least-squares line through 0
                 v = float(np.sum(b * b) / np.sum(b * t))
+            else:
+                noisy.append(f"rank {r}")
         speed.append(v)
         intercept.append(a)
     if flat:
@@ -450,6 +452,12 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
             f"{', ...' if len(flat) > 3 else ''} samples), so the fixed cost per iteration "
             "cannot be told from the per-sample cost; profile at two global batch sizes "
             "(e.g. two short runs at B and 4B) and give both metrics files")
+    if noisy:
+        raise PlanError(
+            f"the compute time of {', '.join(noisy[:3])}{', ...' if len(noisy) > 3 else ''} "
+            "does not grow with its batch size in the profile (timing noise swamps the "
+            "per-sample cost), so its speed cannot be fitted; profile for more iterations, "
+            "at batch sizes further apart, on a quieter machine")
     model = _bal.TimeModel(np.array(speed), np.array(intercept))
     return ranks, model, float(np.median(syncs)) if syncs else 0.0
 

@@ -299,6 +299,21 @@ def test_plan_asks_for_a_varied_profile_when_one_batch_size_hides_the_fixed_cost
     data = json.loads(capsys.readouterr().out)
     np.testing.assert_allclose(data["speed"], [1600.0, 530.0], rtol=1e-6)
     np.testing.assert_allclose(data["fixed_s"], [0.03, 0.03], rtol=1e-6)
+    # a compute time that does not grow with the batch: unsure, says so
+    noise = tmp_path / "noise.jsonl"
+    with open(noise, "w") as fh:
+        for t in range(30):
+            for rank in range(2):
+                b = (16, 64)[t % 2]
+                c = 0.05 + 0.01 * ((t * 7) % 3) - 0.0001 * b
+                fh.write(json.dumps({
+                    "iteration": t, "rank": rank, "batch_size": b, "compute_s": c,
+                    "wait_s": 0.0, "sync_s": 0.005, "speed": b / c, "predicted_speed": None,
+                    "cpu_percent": 50.0, "mem_percent": 10.0, "sync": "lbbsp",
+                    "time": 1.0 + t}) + "\n")
+    assert main(["plan", str(noise), "--samples", "1437", "--batch-range", "16:256"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not grow with its batch size" in err[0]
 
 
 @pytest.mark.parametrize("args,words", [
