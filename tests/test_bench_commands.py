@@ -74,3 +74,28 @@ def test_quoted_benchmark_command_runs_at_smoke_size(tmp_path, doc, script, args
         f"({proc.returncode}, {took:.0f} s):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     written = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert written, f"{script} --smoke wrote no result into $MXLBBSP_BENCH_RESULTS"
+
+
+def test_the_courier_benchmark_counts_changes_of_the_planned_batch_only():
+    """benchmarks/courier.py's B changes per epoch leave out iteration 0 (the warm-up at B0)
+    and each epoch's short last batch (the rest, not a choice)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import courier as bench
+    N = 100
+    # epoch 0: 64 (warm-up), 30, 6 (rest); epoch 1: 30, 30, 40 (a change), epoch 2: 40, 40, 20
+    series = [64, 30, 6, 30, 30, 40, 40, 40, 20]
+    assert bench.changes_per_epoch(series, N) == [0, 1, 0]
+    assert bench.changes_per_epoch([64, 36, 30, 30, 30, 10], N) == [0, 0]
+    assert bench.changes_per_epoch([50, 25, 25, 50, 50], N) == [0, 1]
+
+
+def test_the_r2sp_benchmark_picks_each_modes_fastest_learning_rate_to_the_target():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import r2sp as bench
+
+    def row(tt, acc):
+        return {"time_to_target_s": tt, "final_accuracy": acc}
+    assert bench.pick_lr({0.05: [row(30.0, 0.96)], 0.2: [row(20.0, 0.97)],
+                          0.8: [row(None, 0.1)]}) == 0.2
+    # none reaches the target: the best final accuracy
+    assert bench.pick_lr({0.05: [row(None, 0.90)], 0.2: [row(None, 0.93)]}) == 0.2
