@@ -25,6 +25,12 @@ EXAMPLE = ROOT / "examples" / "train_gluon.py"
 RESULTS = ROOT / "benchmarks" / "results"
 PY = sys.executable
 
+#: set by :func:`smoke`: the script runs at its smallest size (seconds), to prove that it
+#: still runs (tests/test_bench_commands.py); its results go to a temporary folder
+SMOKE = False
+#: where ``--smoke`` results go instead of benchmarks/results (the test sets it)
+SMOKE_RESULTS = "MXLBBSP_BENCH_RESULTS"
+
 sys.path.insert(0, str(ROOT))
 from mxlbbsp import metrics as _metrics  # noqa: E402
 
@@ -41,6 +47,23 @@ def worktree(rev: str):
             yield tree
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+
+
+def add_smoke(parser) -> None:
+    """``--smoke``: the smallest size of a benchmark, seconds, to check that it runs."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest size (seconds): checks that the script runs; the "
+                             "results go to $MXLBBSP_BENCH_RESULTS or a temporary folder, "
+                             "never into benchmarks/results")
+
+
+def smoke(args) -> bool:
+    """True when ``args.smoke``: results are then written out of the way (see SMOKE)."""
+    global SMOKE, RESULTS
+    if getattr(args, "smoke", False):
+        SMOKE = True
+        RESULTS = Path(os.environ.get(SMOKE_RESULTS) or tempfile.mkdtemp(prefix="bench-smoke-"))
+    return SMOKE
 
 
 def env() -> Dict[str, str]:
@@ -85,6 +108,8 @@ def machine() -> str:
 def write(name: str, payload: dict, table: str) -> Path:
     """benchmarks/results/<name>.json and .md (the .md says how it was made); prints the
     table and where it went."""
+    if SMOKE:
+        name += "_smoke"
     RESULTS.mkdir(parents=True, exist_ok=True)
     command = "python " + shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     payload = {"command": command, "machine": machine(),

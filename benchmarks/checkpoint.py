@@ -54,7 +54,11 @@ def main():
     p.add_argument("--iterations", type=int)
     p.add_argument("--every", type=int, default=10, help="checkpoint every N iterations")
     p.add_argument("--batch-size", type=int, default=64)
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # one round of 7 iterations of a batch of 16, a checkpoint at 6
+        args.quick, args.rounds, args.iterations, args.batch_size = True, 1, 7, 16
+        args.every = 6
     rounds = args.rounds or (1 if args.quick else 3)
     iters = args.iterations or (30 if args.quick else 60)
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",

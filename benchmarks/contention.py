@@ -140,7 +140,11 @@ def main():
                    help="write the report figures (default: in full mode, not with --quick)")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin workers and tenants (Linux balances the load)")
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # one round of one schedule, 8 iterations of a small batch
+        args.quick, args.rounds, args.iterations, args.figures = True, 1, 8, False
+        args.schedules, args.batch_size = "alternating", 8
     rounds = args.rounds or (1 if args.quick else 3)
     iters = args.iterations or (120 if args.quick else 300)
     want_figures = (not args.quick) if args.figures is None else args.figures

@@ -440,7 +440,12 @@ def main():
                    help="rounds of --predictors or --baseline (4)")
     p.add_argument("--client-smoke", action="store_true",
                    help="4 workers, 5 iterations, print the result (no file written)")
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # 4 and 8 simulated workers, 6 iterations, one round
+        args.quick, args.iterations, args.compute_ms, args.rounds = True, 6, 5.0, 1
+        args.sizes, args.shared_sizes = "4,8", "4" if args.shared_sizes else ""
+        args.profile = [min(n, 8) for n in args.profile]
     if args.client_smoke:
         print(json.dumps(measure(4, 5, arrival="burst", skip=1), indent=2))
         return

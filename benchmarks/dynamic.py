@@ -100,7 +100,11 @@ def main():
     p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=None,
                    help="write the report figures (default: in full mode, not with --quick)")
     p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES))
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # one round, 8 iterations, BSP and one predictor
+        args.quick, args.rounds, args.iterations, args.figures = True, 1, 8, False
+        args.modes = args.modes or f"BSP,{list(MODES)[1]}"
     rounds = args.rounds or (2 if args.quick else 3)
     iters = args.iterations or (120 if args.quick else 400)
     want_figures = (not args.quick) if args.figures is None else args.figures

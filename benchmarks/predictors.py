@@ -281,12 +281,13 @@ def families(seeds, names=("narx", "narx-adam"), options=None, quiet=False) -> d
     return out
 
 
-def cost(names, sizes=(1, 16, 256, 1024), num_exog=3) -> dict:
+def cost(names, sizes=(1, 16, 256, 1024), num_exog=3, calls=None) -> dict:
     out = {}
+    fixed_calls = calls
     for name in names:
         out[name] = {}
         for n in sizes:
-            calls = 300 if n < 1024 else 200
+            calls = fixed_calls or (300 if n < 1024 else 200)
             rng = np.random.default_rng(0)
             p = _pred.create(name, n, num_exog)
             data = [(100 + rng.normal(0, 5, n), rng.normal(50, 5, (n, num_exog)))
@@ -512,7 +513,20 @@ def main(argv=None) -> int:
     p.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
     p.add_argument("--baseline", metavar="REV",
                    help="also NARX's cost on the code of this commit, side by side (~2 min)")
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest size (seconds): checks that the script runs; the results "
+                        "go to $MXLBBSP_BENCH_RESULTS or a temporary folder")
     args = p.parse_args(argv)
+    global RESULTS
+    seeds, cost_args, against_args = REPORT_SEEDS, {}, {}
+    if args.smoke:           # one seed, 150 iterations per family, small sizes, few calls
+        import tempfile
+        RESULTS = os.environ.get("MXLBBSP_BENCH_RESULTS") or tempfile.mkdtemp(
+            prefix="bench-smoke-")
+        seeds = REPORT_SEEDS[:1]
+        BASE_FAMILY["T"] = 150
+        cost_args = {"sizes": (1, 16), "calls": 20}
+        against_args = {"sizes": (2, 16), "rounds": 1}
     command = "python benchmarks/predictors.py" + (" --tune" if args.tune else "") \
         + (" --no-cost" if args.no_cost else "") \
         + (f" --baseline {args.baseline}" if args.baseline else "")
@@ -540,16 +554,16 @@ def main(argv=None) -> int:
             with open(sidecar) as fh:
                 recorded.append(json.load(fh))
     doc = {"command": command, "date": date, "machine": _machine(), "recorded": recorded,
-           "rows": {n: t.rows for n, t in traces.items()}, "seeds": list(REPORT_SEEDS),
+           "rows": {n: t.rows for n, t in traces.items()}, "seeds": list(seeds),
            "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
     print("generator families ...", flush=True)
-    doc["families"] = families(REPORT_SEEDS)
+    doc["families"] = families(seeds)
     print("recorded traces ...", flush=True)
     doc["accuracy"] = accuracy(traces)
-    doc["cost"] = {} if args.no_cost else cost(PREDICTORS)
+    doc["cost"] = {} if args.no_cost else cost(PREDICTORS, **cost_args)
     if args.baseline:
         print(f"NARX's cost against {args.baseline} ...", flush=True)
-        doc["against"] = cost_against(args.baseline)
+        doc["against"] = cost_against(args.baseline, **against_args)
     doc["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     with open(os.path.join(RESULTS, "predictors.json"), "w") as fh:
         json.dump(doc, fh, indent=1)

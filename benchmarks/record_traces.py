@@ -179,8 +179,19 @@ def main(argv=None) -> int:
                    f"{', '.join(RECORDINGS)})")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "traces"))
     p.add_argument("--keep-metrics", metavar="DIR", help="keep the metrics logs here")
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest size (seconds): the first recording (or those named), 8 "
+                        "iterations of a batch of at most 32, written to "
+                        "$MXLBBSP_BENCH_RESULTS or a temporary folder, not traces/")
     args = p.parse_args(argv)
     names = args.names or list(RECORDINGS)
+    recordings = dict(RECORDINGS)
+    if args.smoke:
+        names = args.names or names[:1]
+        args.out = os.environ.get("MXLBBSP_BENCH_RESULTS") or tempfile.mkdtemp(
+            prefix="bench-smoke-")
+        recordings = {n: dict(spec, iterations=8, batch=min(spec["batch"], 32))
+                      for n, spec in RECORDINGS.items()}
     unknown = [n for n in names if n not in RECORDINGS]
     if unknown:
         p.error(f"unknown recording(s) {', '.join(unknown)}; choose from {', '.join(RECORDINGS)}")
@@ -188,7 +199,7 @@ def main(argv=None) -> int:
     command = "python benchmarks/record_traces.py " + " ".join(names)
     print(f"reproduce with: {command}", flush=True)
     for name in names:
-        info = record(name, RECORDINGS[name], args.out, args.keep_metrics)
+        info = record(name, recordings[name], args.out, args.keep_metrics)
         info["command"] = f"python benchmarks/record_traces.py {name}"
         with open(os.path.join(args.out, f"{name}.json"), "w") as fh:
             json.dump(info, fh, indent=2)

@@ -49,23 +49,23 @@ JOB = ["--model", "mlp", "--data", "digits", "--iterations", "600", "--epochs", 
        "--log-interval", "0"]
 
 
-def job_cost(rounds: int = ROUNDS) -> dict:
+def job_cost(rounds: int = ROUNDS, job=JOB, variants=VARIANTS) -> dict:
     """Samples/s of the tiny job per variant and round, and the ratios to the first."""
     import tempfile
     from pathlib import Path
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import _common
     import _suite
-    speed = {v: [] for v in VARIANTS}
+    speed = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for v in _suite.order(list(VARIANTS), r):
+            for v in _suite.order(list(variants), r):
                 _common.progress(f"round {r + 1}/{rounds}: {v}")
-                summary = _common.launch(2, JOB, Path(tmp) / "m.jsonl",
-                                         launch_args=VARIANTS[v])
+                summary = _common.launch(2, job, Path(tmp) / "m.jsonl",
+                                         launch_args=variants[v])
                 speed[v].append(summary["samples_per_s"])
-    ref = speed[next(iter(VARIANTS))]
-    return {"rounds": rounds, "job": JOB, "samples_per_s": speed,
+    ref = speed[next(iter(variants))]
+    return {"rounds": rounds, "job": list(job), "samples_per_s": speed,
             "ratio": {v: [a / b for a, b in zip(xs, ref)] for v, xs in speed.items()}}
 
 
@@ -101,7 +101,17 @@ def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--no-job", action="store_true", help="measure the reads only")
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest size (seconds): checks that the script runs; the results "
+                        "go to $MXLBBSP_BENCH_RESULTS or a temporary folder")
     args = p.parse_args(argv)
+    global RESULTS
+    calls, warmup = 2000, 200
+    if args.smoke:           # 50 calls per source; one round of 2 variants, 8 iterations
+        import tempfile
+        RESULTS = os.environ.get("MXLBBSP_BENCH_RESULTS") or tempfile.mkdtemp(
+            prefix="bench-smoke-")
+        calls, warmup = 50, 5
     sig = S.Signals(tail=False)     # sample() is called here, timed, instead of by its thread
     doc = {"command": "python benchmarks/signals_cost.py" + (" --no-job" if args.no_job else ""),
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -110,16 +120,20 @@ def main(argv=None) -> int:
            "loadavg_before": [round(x, 2) for x in os.getloadavg()], "single": {},
            "threads_13": {}}
     for name, fn in sources(sig).items():
-        doc["single"][name] = measure(fn)
+        doc["single"][name] = measure(fn, calls, warmup)
     stop = threading.Event()
     extra = [threading.Thread(target=stop.wait, daemon=True) for _ in range(12)]
     for t in extra:
         t.start()
     for name, fn in sources(sig).items():
-        doc["threads_13"][name] = measure(fn)
+        doc["threads_13"][name] = measure(fn, calls, warmup)
     stop.set()
     if not args.no_job:
-        doc["job"] = job_cost()
+        if args.smoke:
+            job = [x if x != "600" else "8" for x in JOB]
+            doc["job"] = job_cost(1, job, dict(list(VARIANTS.items())[:2]))
+        else:
+            doc["job"] = job_cost()
     doc["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "signals_cost.json"), "w") as fh:

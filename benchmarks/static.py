@@ -63,7 +63,11 @@ def main():
     p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=None,
                    help="write the report figures (default: in full mode, not with --quick)")
     p.add_argument("--only", help="comma-separated scenario names to run, e.g. 1:1:3")
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # one round of 1:1:3, 8 iterations: BSP and LB-BSP
+        args.quick, args.rounds, args.iterations = True, 1, 8
+        args.real, args.figures, args.only = False, False, args.only or "1:1:3"
     args.rounds = args.rounds or (2 if args.quick else 4)
     args.iterations = args.iterations or (60 if args.quick else 150)
     if args.real is None:

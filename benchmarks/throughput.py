@@ -31,7 +31,12 @@ def main():
     p.add_argument("--iterations", type=int)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--time-model", default=None, help="pass --time-model to LB-BSP")
+    C.add_smoke(p)
     args = p.parse_args()
+    scenarios = dict(SCENARIOS)
+    if C.smoke(args):        # one round of 1:3, 7 iterations of a batch of 16
+        args.quick, args.rounds, args.iterations, args.batch_size = True, 1, 7, 16
+        scenarios = {"1:3": SCENARIOS["1:3"]}
     rounds = args.rounds or (1 if args.quick else 3)
     iters = args.iterations or (30 if args.quick else 60)
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "8192",
@@ -40,7 +45,7 @@ def main():
     lb_extra = ["--time-model", args.time_model] if args.time_model else []
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, spec in SCENARIOS.items():
+        for name, spec in scenarios.items():
             runs = {m: [] for m in MODES}
             for r in range(rounds):
                 order = list(MODES) if r % 2 == 0 else list(MODES)[::-1]
@@ -82,7 +87,7 @@ def main():
              + "\n".join(rows) +
              "\n\n'ideal' = sum of the workers' measured compute speeds / (2 x the slowest), "
              "from the BSP runs.")
-    C.write("throughput" + ("_quick" if args.quick else ""),
+    C.write("throughput" + ("_quick" if args.quick and not C.SMOKE else ""),
             {"rounds": rounds, "iterations": iters, "results": results}, table)
 
 

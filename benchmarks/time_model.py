@@ -164,7 +164,12 @@ def main():
                    help="comma-separated noise levels (lognormal sigma)")
     p.add_argument("--baseline", metavar="REV", help="also simulate the code of this commit")
     p.add_argument("--simulate-in", metavar="TREE", help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true",
+                   help="smallest size (seconds): one seed, one noise level; the results go "
+                        "to $MXLBBSP_BENCH_RESULTS or a temporary folder")
     args = p.parse_args()
+    if args.smoke and not args.simulate_in:
+        args.seeds, args.noise = 1, args.noise.split(",")[0]
     if args.simulate_in:                     # a child: the code of another tree, JSON out
         sys.path.insert(0, args.simulate_in)
         import mxlbbsp
@@ -174,7 +179,9 @@ def main():
         return
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _common
     from _common import progress, write
+    _common.smoke(args)
     sections, payload = [], {}
     for noise in (float(x) for x in args.noise.split(",")):
         progress(f"noise {noise}: this tree")

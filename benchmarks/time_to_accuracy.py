@@ -110,7 +110,10 @@ def main():
     p.add_argument("--eval-interval", type=int, default=5)
     p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=None,
                    help="write the report figures (default: in full mode, not with --quick)")
+    C.add_smoke(p)
     args = p.parse_args()
+    if C.smoke(args):        # one round of 10 iterations, evaluating every 5
+        args.quick, args.rounds, args.iterations, args.figures = True, 1, 10, False
     rounds = args.rounds or (1 if args.quick else 3)
     iters = args.iterations or 200
     name = "time_to_accuracy" + ("_quick" if args.quick else "")

@@ -20,23 +20,27 @@ finish E epochs on the cluster of a short profiling run.
 
 \b
 METRICS.jsonl is the --metrics log of that run (any sync mode, a few dozen
-iterations). Each worker's compute time is fitted as a + b/v (its fixed cost a
-and its speed v), the push/pull time is the median measured; the iteration
-time of a global batch B is then the LB-BSP makespan of B over those models
-plus the push/pull time, and E epochs take ceil(N/B) * E iterations.
+iterations); give several (e.g. two short runs at B and 4B) to pool them.
+Each worker's compute time is fitted as a + b/v (its fixed cost a and its
+speed v), which needs its batch sizes to vary: from a profile at one fixed B
+plan stops and asks for a varied one. The push/pull time is the median
+measured; the iteration time of a global batch b is then the LB-BSP makespan
+of b over those models plus the push/pull time, and an epoch of N samples is
+floor(N/B) iterations of B and one of the rest, N mod B.
 With --deadline it marks the batches that meet it and picks the smallest one
 (the best accuracy, as in Courier), or the fastest when none does.
 
 \b
 Examples:
-  mxlbbsp launch -n 4 --metrics prof.jsonl -- python train.py --iterations 40
-  mxlbbsp plan prof.jsonl --samples 50000 --epochs 10 --batch-range 64:1024 --deadline 15m
+  mxlbbsp launch -n 4 --metrics p64.jsonl -- python train.py --batch-size 64 --iterations 30
+  mxlbbsp launch -n 4 --metrics p256.jsonl -- python train.py --batch-size 256 --iterations 30
+  mxlbbsp plan p64.jsonl p256.jsonl --samples 50000 --epochs 10 --deadline 15m
 """
 
 
 @click.command("plan", help=PLAN_HELP, context_settings={"help_option_names": ["-h", "--help"],
                                                         "max_content_width": 100})
-@click.argument("metrics_path", metavar="METRICS.jsonl")
+@click.argument("metrics_paths", metavar="METRICS.jsonl...", nargs=-1, required=True)
 @click.option("--samples", "-N", type=int, required=True, metavar="N",
               help="Samples in one epoch (the training set's size).")
 @click.option("--epochs", "-E", type=float, default=1.0, show_default=True, metavar="E",
@@ -48,7 +52,7 @@ Examples:
 @click.option("--skip", type=int, default=1, show_default=True, metavar="N",
               help="Leave out iterations below N (warm-up).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
+def plan(metrics_paths, samples, epochs, batch_range, deadline, skip, as_json):
     from mxlbbsp import courier, metrics
 
     if not 1 <= samples <= MAX_SAMPLES:
@@ -60,11 +64,17 @@ def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
         raise ConfigError(f"--skip {skip}: must be >= 0")
     try:
         deadline_s = None if deadline is None else courier.parse_duration(deadline)
-        records = metrics.load(metrics_path)
-        ranks, model, sync_s = courier.fit_time_models(records, skip=skip)
-        lo, hi = courier.parse_batch_range(batch_range, len(ranks))
+        records = [rec for path in metrics_paths for rec in metrics.load(path)]
     except metrics.MetricsError as exc:
         raise ConfigError(f"{exc}; {metrics.HINT}") from None
+    except courier.PlanError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        ranks, model, sync_s = courier.fit_time_models(records, skip=skip)
+    except courier.PlanError as exc:
+        raise ConfigError(f"{', '.join(metrics_paths)}: {exc}") from None
+    try:
+        lo, hi = courier.parse_batch_range(batch_range, len(ranks))
     except courier.PlanError as exc:
         raise ConfigError(str(exc)) from None
     if hi > MAX_BATCH:
@@ -77,7 +87,8 @@ def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
         fastest = min(finish)
         said = "no finite time" if not math.isfinite(fastest) else \
             f"{fastest / (365.25 * 86400):.3g} years at best"
-        raise ConfigError(f"{metrics_path}: {epochs:g} epoch(s) of {samples} samples take "
+        raise ConfigError(f"{', '.join(metrics_paths)}: {epochs:g} epoch(s) of {samples} "
+                          f"samples take "
                           f"{said} on its workers (speeds {_speeds(model.speed)} samples/s); "
                           "check --samples, --epochs and the file's compute_s and speed")
     pick, meets = courier.choose(rows)
@@ -89,7 +100,7 @@ def plan(metrics_path, samples, epochs, batch_range, deadline, skip, as_json):
             "rows": [{"batch": r.batch, "iteration_s": _finite(r.iteration_s),
                       "finish_s": _finite(r.finish_s), "meets": r.meets} for r in rows]}))
         return 0
-    lines = [f"{metrics_path}: {len(ranks)} worker(s); speeds (samples/s) "
+    lines = [f"{', '.join(metrics_paths)}: {len(ranks)} worker(s); speeds (samples/s) "
              + ", ".join(f"{v:.0f}" for v in model.speed)
              + "; fixed cost per iteration (ms) "
              + ", ".join(f"{1e3 * a:.1f}" for a in model.intercept)

@@ -42,6 +42,7 @@ from mxlbbsp import NO_MXNET, _env, modes
 from mxlbbsp import metrics as _metrics
 from mxlbbsp import checkpoint as _ckpt
 from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.courier import launch_clock
 
 from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
@@ -332,6 +333,7 @@ class Job:
             max_batch=cfg.max_batch_size, min_batch=cfg.min_batch_size,
             tensorboard_dir=cfg.tensorboard, metrics_path=cfg.metrics, host=self.bind,
             slowdown=cfg.slowdown, sync_options=cfg.sync_options,
+            started=launch_clock(),      # the deadline counts from the launch
             checkpoint_dir=cfg.checkpoint_dir,
             checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
             resume_state=state))

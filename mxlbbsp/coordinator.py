@@ -248,6 +248,9 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
     sync_options: dict = dataclasses.field(default_factory=dict)   # the mode's own options
+    #: time.monotonic() of the job's launch (courier's deadline counts from it); None: when
+    #: the coordinator is built
+    started: Optional[float] = None
     # checkpoints (mxlbbsp.checkpoint): where and how often to save the coordinator's state,
     # and, when resuming, the checkpoint's manifest and the state saved with it
     checkpoint_dir: Optional[str] = None

@@ -7,23 +7,31 @@ meets the deadline is the best one. Its predictions come from regressions fitted
 
 Here the prediction comes from the same per-worker time models that LB-BSP balances with::
 
-    iteration_s(B) = makespan(split of B over the workers' time models) + sync_s
-    finish_s(B)    = ceil(remaining_samples / B) * iteration_s(B)
+    iteration_s(b) = makespan(split of b over the workers' time models) + sync_s
+    finish_s(B)    = sum over the batches left, each at its own size b, of iteration_s(b)
 
-so it can be re-made while the job runs, whenever the workers' predicted speeds change.
-:class:`BatchPlanner` adds the hysteresis that keeps B from jittering with prediction noise.
+where the batches left at B are, per epoch, floor(N / B) batches of B and one short batch of
+the rest N mod B (the epoch's last), so it can be re-made while the job runs, whenever the
+workers' predicted speeds change. :class:`BatchPlanner` adds a safety margin from the
+measured spread of iteration times, and hysteresis with a bound on changes per epoch, so that
+B moves only when a prediction says it must.
 
 Pure numpy, no MXNet: used by the coordinator, by ``mxlbbsp plan`` and by tests.
 """
 from __future__ import annotations
 
+import logging
 import math
+import os
 import re
+import time
 from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from . import balancer as _bal
+
+_log = logging.getLogger(__name__)
 
 #: how the learning rate follows the global batch: lr(B) = lr0 * factor(B / B0)
 LR_SCALING = {
@@ -109,8 +117,32 @@ class Work(NamedTuple):
     epochs: float = 0.0
 
     def iterations(self, batch: int) -> float:
-        per_epoch = math.ceil(self.epoch_size / batch)
-        return math.ceil(max(self.in_epoch, 0) / batch) + per_epoch * float(self.epochs)
+        return sum(count for _, count in self.batches(batch))
+
+    def batches(self, batch: int, min_size: int = 1) -> List[tuple]:
+        """[(size, count)]: the global batches left at ``batch``: those of the rest of this
+        epoch, then per epoch floor(N / batch) of ``batch`` and the short last one (the
+        epoch's rest; ``count`` is fractional for a fraction of an epoch). A rest smaller
+        than ``min_size`` (the number of workers) joins the batch before it, as the courier
+        mode does."""
+        out: dict = {}
+
+        def add(samples: int, times: float) -> None:
+            if samples <= 0 or times <= 0:
+                return
+            full, rest = divmod(int(samples), int(batch))
+            if 0 < rest < min_size:
+                if full:
+                    full -= 1
+                    rest += batch
+            if full:
+                out[batch] = out.get(batch, 0.0) + full * times
+            if rest:
+                out[rest] = out.get(rest, 0.0) + times
+
+        add(max(self.in_epoch, 0), 1.0)
+        add(self.epoch_size, float(self.epochs))
+        return sorted(out.items(), reverse=True)
 
     @property
     def samples(self) -> float:
@@ -135,17 +167,27 @@ def plan(model: _bal.TimeModel, sync_s: float, work: Work, batches: Sequence[int
     within the caps gets an infinite time.
     """
     n = len(model.speed)
+    cache: dict = {}
+
+    def iteration_s(b: int) -> float:
+        if b not in cache:
+            try:
+                split = _bal.allocate(model, b, 1, max_batch)
+                cache[b] = _bal.makespan(model, split) + max(float(sync_s), 0.0)
+            except _bal.AllocationError:
+                cache[b] = math.inf
+            if b < n:
+                cache[b] = math.inf
+        return cache[b]
+
     rows = []
     for B in batches:
         B = int(B)
-        try:
-            split = _bal.allocate(model, B, 1, max_batch)
-            it = _bal.makespan(model, split) + max(float(sync_s), 0.0)
-        except _bal.AllocationError:
-            it = math.inf
-        if B < n:
-            it = math.inf
-        finish = work.iterations(B) * it
+        it = iteration_s(B)
+        finish = 0.0 if math.isfinite(it) else math.inf
+        if math.isfinite(it):
+            # the short last batch of an epoch costs what a batch of its size costs
+            finish = sum(count * iteration_s(b) for b, count in work.batches(B, n))
         rows.append(Row(B, it, finish, time_left is None or finish <= time_left))
     return rows
 
@@ -159,33 +201,83 @@ def choose(rows: Sequence[Row]) -> tuple:
 
 
 class BatchPlanner:
-    """Re-plans the global batch as the job runs, with hysteresis.
+    """Re-plans the global batch as the job runs: B moves only when a prediction says it must.
 
     Every iteration it computes :func:`plan` for the remaining work and the time left, and:
 
-    * moves **up** at once to the smallest batch that meets the deadline when the current one
-      is predicted to miss it. A batch is chosen when it finishes within (1 - ``margin``) of
-      the time left and kept while it finishes within (1 - ``margin``/2): noise in the
-      predictions does not move B back and forth across one line;
+    * **margin**: a batch is chosen when it finishes within (1 - margin) of the time left.
+      With ``margin=None`` (the default) the margin follows the measured spread of iteration
+      times: ``MARGIN_Z`` x the coefficient of variation of measured / predicted iteration
+      time over the last ``WINDOW`` iterations (:meth:`observe`), within
+      [``MIN_MARGIN``, ``MAX_MARGIN``] (``START_MARGIN`` before ``MIN_OBSERVED`` are in).
+      The predictions are also corrected by the median of that ratio (a cluster that is
+      steadily 10 % slower than its time models predict is planned as such);
+    * moves **up** at once to the smallest batch that meets the deadline with the whole
+      margin when the current one is predicted to miss the deadline itself; when it is only
+      predicted to eat into half the margin, it moves up the same way unless ``max_changes``
+      changes were already made in this epoch (hysteresis: noise moves a prediction across
+      one line, not across the band between them);
     * moves **down** only when, at each of the last ``every`` plans, a batch at least
-      ``min_step`` times smaller met the deadline with the whole margin, and then to the
-      largest of those (no jitter between neighbours, no dive on one optimistic forecast);
+      ``min_step`` times smaller met the deadline with the whole margin, then to the largest
+      of those, and only while fewer than ``max_changes`` changes were made in this epoch;
     * when no batch meets the deadline, takes the fastest one and says so (``missing``).
+
+    With steady speeds (no prediction of an outright miss) this makes at most
+    ``max_changes`` changes per epoch.
     """
 
-    def __init__(self, lo: int, hi: int, every: int = 5, margin: float = 0.1,
-                 min_step: float = 1.15, per_octave: int = 4):
-        if not 0 <= margin < 1:
+    START_MARGIN = 0.1
+    MIN_MARGIN, MAX_MARGIN = 0.03, 0.3
+    MARGIN_Z = 1.5
+    WINDOW = 50
+    MIN_OBSERVED = 5
+
+    def __init__(self, lo: int, hi: int, every: int = 5, margin: Optional[float] = None,
+                 min_step: float = 1.15, per_octave: int = 4, max_changes: int = 2):
+        if margin is not None and not 0 <= margin < 1:
             raise ValueError("margin must be in [0, 1)")
         self.lo, self.hi = int(lo), int(hi)
         self.every = max(1, int(every))
-        self.margin = float(margin)
+        self.fixed_margin = margin
         self.min_step = float(min_step)
+        self.max_changes = max(1, int(max_changes))
         self.batches = candidates(self.lo, self.hi, per_octave)
         self.current: Optional[int] = None
         self.missing = False              # no candidate meets the deadline
         self.last_rows: List[Row] = []
+        self.changes = 0                  # every change of B so far
+        self.changes_in_epoch = 0
+        self._epoch = None
         self._down: List[int] = []
+        self._ratios: List[float] = []
+
+    # ---- what the iterations measured --------------------------------------------------
+
+    def observe(self, measured_s: float, predicted_s: float) -> None:
+        """One iteration's measured time against the time predicted for it."""
+        if (math.isfinite(measured_s) and math.isfinite(predicted_s) and measured_s > 0
+                and predicted_s > 0):
+            self._ratios.append(measured_s / predicted_s)
+            del self._ratios[:-self.WINDOW]
+
+    @property
+    def bias(self) -> float:
+        """Median measured / predicted iteration time (1 until enough are observed)."""
+        if len(self._ratios) < self.MIN_OBSERVED:
+            return 1.0
+        return float(np.clip(np.median(self._ratios), 0.5, 2.0))
+
+    @property
+    def margin(self) -> float:
+        if self.fixed_margin is not None:
+            return self.fixed_margin
+        if len(self._ratios) < self.MIN_OBSERVED:
+            return self.START_MARGIN
+        r = np.asarray(self._ratios)
+        cv = float(np.std(r) / np.mean(r))
+        return float(np.clip(self.MARGIN_Z * cv, self.MIN_MARGIN, self.MAX_MARGIN))
+
+    # ---- choosing ----------------------------------------------------------------------
 
     def initial(self, model: _bal.TimeModel, sync_s: float, work: Work,
                 time_left: float, max_batch=None) -> int:
@@ -194,12 +286,18 @@ class BatchPlanner:
         return self.update(model, sync_s, work, time_left, max_batch, force=True)
 
     def update(self, model: _bal.TimeModel, sync_s: float, work: Work, time_left: float,
-               max_batch=None, force: bool = False) -> int:
-        """The global batch for the next iteration."""
-        time_left = max(time_left, 0.0)
-        rows = plan(model, sync_s, work, self.batches, time_left * (1.0 - self.margin),
-                    max_batch)
-        self.last_rows = rows
+               max_batch=None, force: bool = False, epoch: Optional[int] = None) -> int:
+        """The global batch for the next iteration (``epoch``: the one it belongs to)."""
+        if epoch != self._epoch:
+            self._epoch, self.changes_in_epoch = epoch, 0
+        # predictions corrected by what the iterations measured: compare against the time
+        # left over the bias instead of scaling every row
+        budget = max(time_left, 0.0) / self.bias
+        margin = self.margin
+        rows = plan(model, sync_s, work, self.batches, budget * (1.0 - margin), max_batch)
+        bias = self.bias
+        self.last_rows = [r._replace(iteration_s=r.iteration_s * bias,
+                                     finish_s=r.finish_s * bias) for r in rows]
         best, meets = choose(rows)
         self.missing = not meets
         cur = self.current
@@ -207,21 +305,33 @@ class BatchPlanner:
             self.current, self._down = best, []
             return best
         row = next((r for r in rows if r.batch == cur), None)
-        # Chosen with the whole margin, kept while it meets the deadline with half of it:
-        # prediction noise moves a batch across one line, not across the band between them.
-        keep = row is not None and row.finish_s <= time_left * (1.0 - self.margin / 2)
+        keep = row is not None and row.finish_s <= budget * (1.0 - margin / 2)
         if not keep:
-            # Behind: move at once (to the smallest that meets it, or the fastest).
-            self.current, self._down = best, []
-            return best
+            # Behind: move at once (to the smallest that meets it, or the fastest) when the
+            # current B is predicted to miss the deadline itself; when it only eats into the
+            # margin, only while the epoch's changes are not spent.
+            self._down = []
+            must = row is None or row.finish_s > budget
+            if must or self.changes_in_epoch < self.max_changes:
+                return self._change(best)
+            return self.current
         # Ahead: a smaller batch only after it met the deadline at every one of the last
-        # `every` plans, and then the largest of those choices (the most cautious).
+        # `every` plans, then the largest of those choices (the most cautious), and only
+        # while the epoch's changes are not spent.
         if meets and best * self.min_step <= cur:
             self._down.append(best)
         else:
             self._down = []
-        if len(self._down) >= self.every:
-            self.current, self._down = max(self._down), []
+        if len(self._down) >= self.every and self.changes_in_epoch < self.max_changes:
+            pick, self._down = max(self._down), []
+            return self._change(pick)
+        return self.current
+
+    def _change(self, batch: int) -> int:
+        if batch != self.current:
+            self.changes += 1
+            self.changes_in_epoch += 1
+            self.current = batch
         return self.current
 
     def predicted_finish(self, batch: Optional[int] = None) -> float:
@@ -233,13 +343,75 @@ class BatchPlanner:
         return math.nan
 
 
+def iteration_time(model: _bal.TimeModel, sync_s: float, batch: int, max_batch=None) -> float:
+    """The predicted time of one iteration of global batch ``batch`` (inf: no split)."""
+    return plan(model, sync_s, Work(0, int(batch), 0.0), [int(batch)], None,
+                max_batch)[0].iteration_s
+
+
+#: above this learning-rate factor, momentum (the update's memory of earlier, smaller steps)
+#: makes a linearly scaled step much larger than the rule intends (Goyal et al. 2017 warm up
+#: for it): warned once per worker
+MOMENTUM_FACTOR = 4.0
+_momentum_warned = set()
+
+
+def momentum_warning(momentum: float, factor: float) -> Optional[str]:
+    """The warning when momentum and a large learning-rate factor meet, else None."""
+    if momentum and momentum > 0 and factor >= MOMENTUM_FACTOR:
+        return (f"the learning rate is scaled {factor:.1f}x with the global batch "
+                f"(--lr-scaling) while SGD momentum is {momentum:g}: with momentum a large "
+                "factor overshoots (the step carries the earlier, smaller steps); if the loss "
+                "jumps, use --lr-scaling sqrt, a narrower --batch-range, or less momentum")
+    return None
+
+
+def warn_momentum(optimizer, factor: float) -> None:
+    """Logs :func:`momentum_warning` once per optimizer (a worker's one-time line)."""
+    key = id(optimizer)
+    if key in _momentum_warned:
+        return
+    text = momentum_warning(float(getattr(optimizer, "momentum", 0.0) or 0.0), factor)
+    if text:
+        _momentum_warned.add(key)
+        _log.warning(text)
+
+
+def launch_clock() -> float:
+    """``time.monotonic()`` of the moment this process started (the launch, for the
+    launcher): a deadline counts from there, not from when the coordinator is built.
+
+    From /proc (the process's start in clock ticks since boot against the uptime: 10 ms
+    resolution; psutil's create_time rounds the boot time to the second); where there is no
+    /proc, now."""
+    try:
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    return time.monotonic() - max(age, 0.0)
+
+
+#: the least relative spread of a worker's batch sizes that separates fixed and per-sample cost
+MIN_SPREAD = 0.1
+
+
 def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
     """Per-worker time models and the push/pull time from a metrics log (a profiling run).
 
     Returns (ranks, TimeModel, sync_s). Each worker's compute time is fitted as
-    a + b / v by least squares over its records when its batch sizes vary by 10% or more,
-    else as b / v (a = 0); ``sync_s`` is the median of the records' ``sync_s`` (0 when
-    none). The first ``skip`` iterations (graph building) are left out.
+    a + b / v by least squares over its records; ``sync_s`` is the median of the records'
+    ``sync_s`` (0 when none). The first ``skip`` iterations (graph building) are left out.
+
+    A worker whose batch sizes vary by less than ``MIN_SPREAD`` (relative standard
+    deviation), or for less than ``MIN_SPREAD`` of its records (an epoch's short last batch
+    at one fixed B), cannot have its fixed cost told from its per-sample cost: assuming none
+    overstates the cost of a sample (a B=16 profile put a 3x slower worker at 10x), so that
+    is a :class:`PlanError` asking for a profile with varied batch sizes (e.g. the records
+    of two short runs at different global batches, pooled).
     """
     rows = {}
     syncs = []
@@ -257,17 +429,39 @@ def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
         raise PlanError(f"no usable records after iteration {skip - 1}: run the profiling job "
                         "for more iterations")
     ranks = sorted(rows)
-    speed, intercept = [], []
+    speed, intercept, flat, noisy = [], [], [], []
     for r in ranks:
         data = np.array(rows[r])
         b, t = data[:, 0], data[:, 1]
         a, v = 0.0, float(np.sum(b) / np.sum(t))
-        if len(b) >= 4 and np.std(b) / np.mean(b) >= 0.1:
+        # varied: a spread of MIN_SPREAD, and not only from a few odd records (the short
+        # last batch of each epoch alone is not a second batch size)
+        off = np.mean(np.abs(b - np.median(b)) >= MIN_SPREAD * np.median(b))
+        if len(b) < 4 or np.std(b) / np.mean(b) < MIN_SPREAD or off < MIN_SPREAD:
+            flat.append(f"rank {r}: {np.median(b):.0f} in {100 * (1 - off):.0f}%")
+        else:
             slope, icpt = np.polyfit(b, t, 1)
-            if slope > 0 and 0 <= icpt < 0.8 * t.min():
+            if slope > 0 and 0 <= icpt < t.min():
                 a, v = float(icpt), float(1.0 / slope)
+            elif slope > 0 and icpt < 0:
+                # no fixed cost to see: the least-squares line through 0
+                v = float(np.sum(b * b) / np.sum(b * t))
+            else:
+                noisy.append(f"rank {r}")
         speed.append(v)
         intercept.append(a)
+    if flat:
+        raise PlanError(
+            f"the profile's batch sizes barely vary (local batch {', '.join(flat[:3])}"
+            f"{', ...' if len(flat) > 3 else ''} of its records), so the fixed cost per iteration "
+            "cannot be told from the per-sample cost; profile at two global batch sizes "
+            "(e.g. two short runs at B and 4B) and give both metrics files")
+    if noisy:
+        raise PlanError(
+            f"the compute time of {', '.join(noisy[:3])}{', ...' if len(noisy) > 3 else ''} "
+            "does not grow with its batch size in the profile (timing noise swamps the "
+            "per-sample cost), so its speed cannot be fitted; profile for more iterations, "
+            "at batch sizes further apart, on a quieter machine")
     model = _bal.TimeModel(np.array(speed), np.array(intercept))
     return ranks, model, float(np.median(syncs)) if syncs else 0.0
 

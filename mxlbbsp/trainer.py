@@ -57,6 +57,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from . import _env
+from . import courier as _courier
 from . import session as _session
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class Trainer(gluon.Trainer):
         sess = _session.current()
         if ours and sess is not None:
             norm /= sess.lr_factor()
+            if sess.sets_batch:
+                _courier.warn_momentum(self._optimizer, sess.lr_factor())
         return norm, nominal
 
     def _read_batch_size(self, batch_size):

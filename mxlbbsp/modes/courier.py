@@ -55,8 +55,14 @@ class CourierPolicy(LBBSPPolicy):
         self.lo, self.hi = _courier.parse_batch_range(opts["batch_range"])
         self.epochs = float(opts["epochs"])
         self.planner = _courier.BatchPlanner(self.lo, self.hi, every=int(opts["every"]))
-        #: the deadline counts from the launch (the coordinator starts with the job)
-        self.started = time.monotonic()
+        #: the deadline counts from the launch: the launcher hands its start time over
+        #: the clock the deadline is measured on (a test may hand in a simulated one)
+        self.clock = time.monotonic
+        started = getattr(coordinator.config, "started", None)
+        self.started = self.clock() if started is None else float(started)
+        #: (iteration, when its allocation was sent, its predicted time): the planner's
+        #: margin follows measured against predicted iteration times
+        self._sent: Optional[tuple] = None
         self.dataset_size = 0
         self.trained = 0                 # samples of the iterations decided so far
         self.totals = {}                 # iteration -> B(t) as sent
@@ -107,13 +113,17 @@ class CourierPolicy(LBBSPPolicy):
         sizes = _bal.rescale(current, B)
         self.coordinator._send_allocation(t + 1, sizes)
         self._decided(t, sizes)
+        self._sent = None
         return sizes
 
     def plan(self, t, model, next_B, current):
         # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
         # epoch): the split in force is the coordinator's.
         current = self.coordinator._sizes
-        elapsed = time.monotonic() - self.started
+        now = self.clock()
+        if self._sent is not None and self._sent[0] == t:
+            self.planner.observe(now - self._sent[1], self._sent[2])
+        elapsed = now - self.started
         time_left = self.deadline_s - elapsed
         done = self.trained + self.totals.get(t, 0)
         remaining = max(self.epochs * self.dataset_size - done, 0)
@@ -125,7 +135,8 @@ class CourierPolicy(LBBSPPolicy):
             B = self.totals.get(t, self.lo)
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
-                                    self.coordinator._balancer.max_batch)
+                                    self.coordinator._balancer.max_batch,
+                                    epoch=int(done // N) if N else None)
             if self.planner.missing and not self._warned:
                 log.warning("no global batch in %d:%d meets the deadline: %s of work left at "
                             "the fastest (B=%d), %s to the deadline; running at B=%d",
@@ -139,6 +150,10 @@ class CourierPolicy(LBBSPPolicy):
         sizes = self.coordinator._balancer.allocate(model, B, current)
         self.coordinator._send_allocation(t + 1, sizes)
         self._decided(t, sizes)
+        if self.sync_s is not None:
+            self._sent = (t + 1, self.clock(),
+                          _courier.iteration_time(model, self.sync_s, int(np.sum(sizes)),
+                                                  self.coordinator._balancer.max_batch))
         finish = self.planner.predicted_finish()
         self.plans[t + 1] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
         for old in [k for k in self.plans if k < t - 64]:
