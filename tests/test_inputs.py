@@ -314,7 +314,9 @@ def test_bad_fields_of_a_metrics_file(tmp_path, command, changes, needle):
 ])
 def test_plan_on_absurd_values(tmp_path, args, needle):
     """A plan of absurd inputs printed a table of inf (or of 10^300 hours)."""
-    records = [dict(METRIC, iteration=i, rank=r, compute_s=0.1, speed=1000.0, sync_s=0.0)
+    # a varied profile (4 and 16 samples, 40 samples/s): plan refuses one of a single size
+    records = [dict(METRIC, iteration=i, rank=r, batch_size=4 + 12 * (i % 2),
+                    compute_s=(4 + 12 * (i % 2)) / 40, speed=40.0, sync_s=0.0)
                for i in range(12) for r in range(2)]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     r = run_mxlbbsp("plan", "m.jsonl", *args, cwd=tmp_path)
@@ -322,7 +324,8 @@ def test_plan_on_absurd_values(tmp_path, args, needle):
 
 
 def test_plan_on_times_near_the_float_range(tmp_path):
-    records = [dict(METRIC, iteration=i, rank=r, compute_s=1e300, speed=1e-299, sync_s=0.0)
+    records = [dict(METRIC, iteration=i, rank=r, batch_size=4 + 12 * (i % 2),
+                    compute_s=1e300 * (1 + 3 * (i % 2)), speed=1e-299, sync_s=0.0)
                for i in range(12) for r in range(2)]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     r = run_mxlbbsp("plan", "m.jsonl", "--samples", 1000, cwd=tmp_path)
