@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench clean
+.PHONY: venv demo test test-bench test-fast bench clean
 
 venv: $(STAMP)
 
@@ -20,11 +20,16 @@ demo: venv
 	$(BIN)/python examples/demo.py
 
 test: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -m "not bench"
+
+# Every benchmark command README.md and benchmarks/README.md quote, at its --smoke size
+# (tests/test_bench_commands.py): minutes; CI runs it after `make test`.
+test-bench: venv
+	$(BIN)/python -m pytest -q tests -m bench
 
 # Unit tests only (no processes): seconds.
 test-fast: venv
-	$(BIN)/python -m pytest -q tests -m "not cluster and not ssh"
+	$(BIN)/python -m pytest -q tests -m "not cluster and not ssh and not bench"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -9,7 +9,7 @@ rotated, throughput (samples/s after the warm-up) compared per round:
   more round trip on the first step);
 * ``linear``: the combination of commit ``--baseline`` (default 6a5b529, the code before the
   change: one value per statistic, weighted mean, no spread term), the workers importing that
-  commit's mxlbbsp from a temporary git worktree;
+  commit's mxlbbsp and its examples/train_gluon.py from a temporary git worktree;
 * ``off``: no combination at all (``--no-bn-sync`` of examples/train_gluon.py).
 
     python benchmarks/bn_stats_cost.py            # 3 rounds x 60 iterations
@@ -28,13 +28,14 @@ BASELINE = "6a5b529"
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--smoke", action="store_true", help="the smallest size: seconds, for CI")
+    C.add_smoke(p)
     p.add_argument("--rounds", type=int)
     p.add_argument("--iterations", type=int)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--baseline", default=BASELINE, metavar="REV",
                    help=f"the commit whose combination is 'linear' (default {BASELINE})")
     args = p.parse_args()
+    C.smoke(args)
     rounds = args.rounds or (1 if args.quick or args.smoke else 3)
     iters = args.iterations or (8 if args.smoke else 30 if args.quick else 60)
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",
@@ -42,17 +43,18 @@ def main():
              "--iterations", str(iters), "--log-interval", "0"]
     launch = ["--emulate-slowdown", "1,3"]
     with C.worktree(args.baseline) as tree, tempfile.TemporaryDirectory() as tmp:
-        arms = {"exact": (train, launch),
-                "linear": (train, [*launch, "--env", f"PYTHONPATH={tree}"]),
-                "off": ([*train, "--no-bn-sync"], launch)}
+        old = [C.PY, str(tree / "examples" / "train_gluon.py"), *train]
+        arms = {"exact": (train, launch, None),
+                "linear": (train, [*launch, "--env", f"PYTHONPATH={tree}"], old),
+                "off": ([*train, "--no-bn-sync"], launch, None)}
         runs = {name: [] for name in arms}
         for r in range(rounds):
             order = list(arms)[r % 3:] + list(arms)[:r % 3]
             for name in order:
-                train_args, launch_args = arms[name]
+                train_args, launch_args, command = arms[name]
                 C.progress(f"round {r + 1}/{rounds}: {name}")
                 s = C.launch(2, train_args, Path(tmp) / f"{name}-{r}.jsonl",
-                             launch_args=launch_args)
+                             launch_args=launch_args, command=command)
                 runs[name].append(s["samples_per_s"])
                 C.progress(f"  {s['samples_per_s']:.1f} samples/s")
     ratio = {other: [e / o for e, o in zip(runs["exact"], runs[other])]
@@ -71,7 +73,7 @@ def main():
              f"all: ResNet-20, synthetic 3x32x32, global batch {args.batch_size}, 2 workers "
              f"at 1:3 (LB-BSP) + 1 server, {iters} iterations per run (first 5 left out), "
              f"{rounds} round(s), arms interleaved.\n\n" + "\n".join(rows))
-    suffix = "_smoke" if args.smoke else "_quick" if args.quick else ""
+    suffix = "_quick" if args.quick else ""
     C.write("bn_stats_cost" + suffix, {"rounds": rounds, "iterations": iters,
                                        "baseline": args.baseline, "samples_per_s": runs,
                                        "ratio": ratio}, table)

@@ -56,6 +56,7 @@ def test_the_documents_quote_every_benchmark_script():
 
 
 @pytest.mark.cluster
+@pytest.mark.bench
 @pytest.mark.parametrize("doc, script, args", COMMANDS,
                          ids=[" ".join([s.split("/")[-1], *a]) for _, s, a in COMMANDS])
 def test_quoted_benchmark_command_runs_at_smoke_size(tmp_path, doc, script, args):
