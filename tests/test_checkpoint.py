@@ -148,6 +148,7 @@ def test_a_finished_job_is_not_run_again(reference):
     assert r.rc == 0, r.output
     assert "nothing to do" in r.stderr and "after iteration 45" in r.stderr, r.output
     assert "started" not in r.stderr and "worker" not in r.stdout, r.output
+    (reference / "again").mkdir(exist_ok=True)
     r = launch("-n", 3, "--resume", reference / "ckpt", "--", PY, SCRIPT, reference / "again",
                *TRAIN)
     assert r.rc == 0, r.output
@@ -265,7 +266,7 @@ def test_restarts_without_a_checkpoint_dir_is_one_line_exit_2(tmp_path):
 def test_resume_with_another_global_batch_is_one_line_exit_2(reference, tmp_path):
     r = launch("-n", 2, "--resume", reference / "ckpt", "--", PY, SCRIPT, tmp_path,
                "--batch-size", 32)
-    errors = _one_error(r, "the checkpoint (iteration 39) was written with a global batch "
+    errors = _one_error(r, "the checkpoint (iteration 45) was written with a global batch "
                            "size of 64")
     assert len(errors) == 1
 
