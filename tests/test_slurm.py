@@ -205,7 +205,8 @@ def test_kill_9_of_a_worker_ends_the_job_names_it_and_leaves_no_step(cluster, tm
     ended = time.monotonic() - killed
     assert proc.returncode == 137, err
     assert ended < 30, err
-    assert re.search(r"error: worker 1 exited with code 137 on n\d", err), err
+    assert re.search(r"error: worker 1 was killed by SIGKILL \(exit code 137[^)]*\) on n\d",
+                     err), err
     assert "launcher exit 137" in err
     assert [line for line in err.splitlines() if line.startswith("step left:")] == [], err
     assert wait_no_leftovers(marker) == []
