@@ -15,6 +15,7 @@ rotated, throughput (samples/s after the warm-up) compared per round:
     python benchmarks/bn_stats_cost.py            # 3 rounds x 60 iterations
     python benchmarks/bn_stats_cost.py --quick    # 1 round x 30 iterations
     python benchmarks/bn_stats_cost.py --smoke    # 1 round x 8 iterations (CI: it runs)
+    python benchmarks/bn_stats_cost.py --rounds 3 --iterations 40   # the recorded run
 """
 import argparse
 import tempfile
@@ -35,9 +36,10 @@ def main():
     p.add_argument("--baseline", default=BASELINE, metavar="REV",
                    help=f"the commit whose combination is 'linear' (default {BASELINE})")
     args = p.parse_args()
-    C.smoke(args)
-    rounds = args.rounds or (1 if args.quick or args.smoke else 3)
-    iters = args.iterations or (8 if args.smoke else 30 if args.quick else 60)
+    if C.smoke(args):              # the smallest size, whatever else the command says
+        args.rounds, args.iterations = 1, 8
+    rounds = args.rounds or (1 if args.quick else 3)
+    iters = args.iterations or (30 if args.quick else 60)
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",
              "--batch-size", str(args.batch_size), "--epochs", "100",
              "--iterations", str(iters), "--log-interval", "0"]
