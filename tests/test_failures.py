@@ -161,17 +161,7 @@ def test_a_frozen_worker_is_caught_by_default():
     job = Running(["-n", 2, "-s", 1, "--progress", "2", "--", PY, SCRIPT, "--fail", "none",
                    "--iterations", 100000, "--sleep", "0.2"],
                   env={"MXLBBSP_STALL_FLOORS": "60,4"})
-    try:
-        job.wait_for(r"iteration \d+, [\d.]+ samples/s")
-        job.worker(1).suspend()
-        rc = job.finish()
-    finally:
-        for p in processes_with(job.marker):
-            try:
-                p.resume()
-            except psutil.Error:
-                pass
-        job.close()
+    rc, _ = stop_worker_1(job)
     assert rc == 124, job.output
     stall = [line for line in job.lines if "error: no iteration finished" in line]
     assert len(stall) == 1, job.output
@@ -183,17 +173,15 @@ def test_a_frozen_worker_is_caught_by_default():
     assert wait_no_leftovers(job.marker) == []
 
 
-def test_a_stopped_worker_is_named_and_ends_the_job_long_before_the_running_floor():
-    """Issue 22: with the default floors (120 s while running), a worker known to be stopped
-    ends the job after max(10 s, 20 x the median iteration time), naming it."""
-    job = Running(["-n", 2, "-s", 1, "--progress", "2", "--", PY, SCRIPT, "--fail", "none",
-                   "--iterations", 100000, "--sleep", "0.1"])
+def stop_worker_1(job):
+    """SIGSTOP worker 1 once the job runs; (the launcher's exit code, seconds from the stop to
+    the end). Whatever happens, every process of the job is resumed and the job closed."""
     try:
         job.wait_for(r"iteration \d+, [\d.]+ samples/s")
         job.worker(1).suspend()
         suspended = time.monotonic()
         rc = job.finish()
-        took = time.monotonic() - suspended
+        return rc, time.monotonic() - suspended
     finally:
         for p in processes_with(job.marker):
             try:
@@ -201,6 +189,14 @@ def test_a_stopped_worker_is_named_and_ends_the_job_long_before_the_running_floo
             except psutil.Error:
                 pass
         job.close()
+
+
+def test_a_stopped_worker_is_named_and_ends_the_job_long_before_the_running_floor():
+    """Issue 22: with the default floors (120 s while running), a worker known to be stopped
+    ends the job after max(10 s, 20 x the median iteration time), naming it."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "2", "--", PY, SCRIPT, "--fail", "none",
+                   "--iterations", 100000, "--sleep", "0.1"])
+    rc, took = stop_worker_1(job)
     assert rc == 124, job.output
     errors = [line for line in job.lines if "error:" in line]
     assert len(errors) == 1 and "worker 1 is stopped (SIGSTOP or a debugger)" in errors[0], \
