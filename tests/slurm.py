@@ -12,12 +12,13 @@ places tasks on both nodes. :meth:`Slurm.stop` ends every daemon it started.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
+
+import apt_fixture  # tests/apt_fixture.py
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 PROGRAMS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/bin/srun",
@@ -32,21 +33,9 @@ def ensure_installed() -> Optional[str]:
     missing = [p for p in PROGRAMS if not os.path.exists(p)]
     if not missing:
         return None
-    if shutil.which("apt-get") is None:
-        return f"{', '.join(missing)} missing and there is no apt-get to install {PACKAGES}"
-    if os.geteuid() != 0:
-        return f"{', '.join(missing)} missing and only root can install {' '.join(PACKAGES)}"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
-        try:
-            res = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`{' '.join(argv)}` failed: {exc}"
-        if res.returncode != 0:
-            tail = (res.stderr.strip().splitlines() or ["?"])[-1]
-            return f"`{' '.join(argv)}` exited {res.returncode}: {tail}"
+    failed = apt_fixture.install(PACKAGES, ", ".join(missing))
+    if failed:
+        return failed
     missing = [p for p in PROGRAMS if not os.path.exists(p)]
     return f"{' '.join(PACKAGES)} installed but {', '.join(missing)} missing" if missing else None
 

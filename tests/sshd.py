@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -20,6 +19,8 @@ from typing import List, Optional, Sequence
 
 import psutil
 
+import apt_fixture  # tests/apt_fixture.py
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -27,21 +28,9 @@ def ensure_installed() -> Optional[str]:
     """None when ``sshd`` is there (installed now if needed), else why it cannot be."""
     if os.path.exists(SSHD):
         return None
-    if shutil.which("apt-get") is None:
-        return f"{SSHD} is missing and there is no apt-get to install openssh-server"
-    if os.geteuid() != 0:
-        return f"{SSHD} is missing and only root can install openssh-server"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server"]):
-        try:
-            res = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                 text=True, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`{' '.join(argv)}` failed: {exc}"
-        if res.returncode != 0:
-            tail = (res.stderr.strip().splitlines() or ["?"])[-1]
-            return f"`{' '.join(argv)}` exited {res.returncode}: {tail}"
+    failed = apt_fixture.install(["openssh-server"], SSHD)
+    if failed:
+        return failed
     return None if os.path.exists(SSHD) else f"openssh-server is installed but {SSHD} is not"
 
 
