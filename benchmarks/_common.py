@@ -32,7 +32,7 @@ SMOKE = False
 SMOKE_RESULTS = "MXLBBSP_BENCH_RESULTS"
 
 sys.path.insert(0, str(ROOT))
-from mxlbbsp import metrics as _metrics  # noqa: E402
+from mxlbbsp.core import metrics as _metrics  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 import _common as C
-from mxlbbsp import report as _report
+from mxlbbsp.analysis import report as _report
 
 #: above this 1-minute load average (other jobs on the shared machine) a full run waits
 MAX_LOAD = 2.5
@@ -60,7 +60,7 @@ def ideal_speedup_over_time(bsp_metrics: Path, skip: int = 5) -> float:
     """Perfect balancing over BSP when the speeds change: from a BSP run's records, per
     iteration t the BSP time is (B/n) / min_i v_i(t) and a perfect split's is B / sum_i v_i(t);
     the ratio of their sums over the run (a time average, not a mean of ratios)."""
-    from mxlbbsp import metrics as _metrics
+    from mxlbbsp.core import metrics as _metrics
     speeds: Dict[int, List[float]] = {}
     for r in _metrics.load(str(bsp_metrics)):
         if r["iteration"] >= skip:
@@ -81,7 +81,7 @@ def rounds_text(xs: Sequence[float], spec: str = ".2f") -> str:
 
 
 def figures(runs: Dict[str, Path], out_dir: Path, keep_metrics: bool = False) -> str:
-    """``mxlbbsp.report.write_report`` of ``runs`` (label -> metrics file; the first is the
+    """``mxlbbsp.analysis.report.write_report`` of ``runs`` (label -> metrics file; the first is the
     baseline) into a fresh ``out_dir`` (old files removed), PNGs shrunk. The metrics files are
     copied there as ``<label>.jsonl`` (the report names runs after the file) and removed again
     unless ``keep_metrics``. Returns the index path relative to the results folder."""

@@ -1,8 +1,8 @@
 """Coordinator scale: the real coordinator with 16 to 1024 simulated workers over loopback.
 
-The coordinator is ``mxlbbsp.coordinator.Coordinator`` exactly as ``mxlbbsp launch`` runs it
+The coordinator is ``mxlbbsp.control.coordinator.Coordinator`` exactly as ``mxlbbsp launch`` runs it
 (its own thread and asyncio loop in this process; ``lbbsp``, the default predictor and time
-model, a metrics file). The workers are light clients that speak ``mxlbbsp.protocol``:
+model, a metrics file). The workers are light clients that speak ``mxlbbsp.core.protocol``:
 asyncio protocols (no MXNet), a few hundred per client process, in separate processes.
 Each one says ``hello`` with the job's token, then per iteration t
 
@@ -66,8 +66,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from mxlbbsp import protocol as P  # noqa: E402
-from mxlbbsp.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
+from mxlbbsp.core import protocol as P  # noqa: E402
+from mxlbbsp.control.coordinator import Coordinator
+from mxlbbsp.control.coordinator import CoordinatorConfig  # noqa: E402
 
 SIZES = [16, 64, 256, 1024]
 
@@ -358,7 +359,7 @@ async def _call(fn):
 PHASES = {"on_report (all n)": (None, "_on_report"), "on_iteration": (None, "_on_iteration"),
           "predictor observe+predict": ("_predictor", "observe"),
           "predictor predict": ("_predictor", "predict"),
-          "allocate": ("_balancer", "allocate"), "send allocations": (None, "_send_allocation"),
+          "allocate": ("balancer", "allocate"), "send allocations": (None, "send_split"),
           "on_done (all n)": (None, "_on_done"), "flush_records": (None, "_flush_records")}
 
 

@@ -43,8 +43,10 @@ import numpy as np
 
 import _common as C
 import _suite as S
-from mxlbbsp import courier as _courier
-from mxlbbsp import metrics as _metrics
+
+from mxlbbsp.core import metrics as _metrics
+from mxlbbsp.analysis import profile as _profile
+from mxlbbsp.core import planner as _planner
 
 WORKERS = 4
 SLOWDOWN = "1,1,3,1"
@@ -109,7 +111,7 @@ def held_out(params_paths, seed_of):
     """(test accuracy, mean test cross-entropy) of each saved model, on the test split."""
     import mxnet as mx
     from mxnet import gluon
-    from mxlbbsp import datasets
+    from mxlbbsp.worker import datasets
     from mxlbbsp.models import get_model
     out, tests = {}, {}
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -145,7 +147,7 @@ def profile(tmp: Path, args) -> tuple:
         part = _metrics.load(str(path))
         startups.append(min(r["time"] for r in part) - t0)     # launch to the first report
         recs += part
-    ranks, model, sync_s = _courier.fit_time_models(recs)
+    ranks, model, sync_s = _profile.fit_time_models(recs)
     return model, sync_s, float(np.median(startups))
 
 
@@ -170,9 +172,9 @@ def main():
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         model, sync_s, startup = profile(tmp, args)
-        work = _courier.Work(0, N_TRAIN, epochs)
+        work = _planner.Work(0, N_TRAIN, epochs)
         predicted = {r.batch: startup + r.finish_s
-                     for r in _courier.plan(model, sync_s, work, grid)}
+                     for r in _planner.plan(model, sync_s, work, grid)}
         fastest, slowest = min(predicted.values()), max(predicted.values())
         lo_d = 1.05 * fastest
         k = args.deadlines

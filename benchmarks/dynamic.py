@@ -30,7 +30,7 @@ import numpy as np
 
 import _common as C
 import _suite as S
-from mxlbbsp import metrics as _metrics
+from mxlbbsp.core import metrics as _metrics
 
 PREDICTORS = ["narx", "ema", "last", "ar", "oracle"]
 MODES = {"BSP": ("bsp", None), **{f"LB-BSP {p}": ("lbbsp", p) for p in PREDICTORS}}

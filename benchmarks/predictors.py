@@ -18,7 +18,7 @@ and the loads the readings reveal (noise-free). Reported figures use REPORT_SEED
 hyperparameter was chosen with --tune on TUNE_SEEDS, which are different seeds.
 
 Recorded traces (benchmarks/traces/, record_traces.py): every trace is replayed one step
-ahead per rank (mxlbbsp.trace.evaluate, the code of ``mxlbbsp predict``), NARX with the
+ahead per rank (mxlbbsp.analysis.trace.evaluate, the code of ``mxlbbsp predict``), NARX with the
 default inputs (``--exog auto``), with cpu_percent and mem_percent only, and with all columns.
 
 Cost: one observe() + predict() + learn() for n workers at once, as the coordinator calls it
@@ -49,8 +49,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from mxlbbsp import predictors as _pred  # noqa: E402
-from mxlbbsp import signals as _signals  # noqa: E402
-from mxlbbsp import trace as _trace  # noqa: E402
+from mxlbbsp.core import signals as _signals  # noqa: E402
+from mxlbbsp.analysis import trace as _trace  # noqa: E402
 
 PREDICTORS = ["narx", "narx-adam", "last", "ema", "ar"]
 BASELINES = ["last", "ema", "ar"]
@@ -423,7 +423,7 @@ def markdown(doc) -> str:
               "MAPE % (RMSE in samples/s), one step ahead per rank (`mxlbbsp predict`); "
               "**bold**: the best. NARX with the default inputs (`--exog auto`), with "
               "cpu_percent and mem_percent only, with every column, with the three tail "
-              "columns only (the last quarter of the compute phase, mxlbbsp/signals.py), and "
+              "columns only (the last quarter of the compute phase, mxlbbsp/core/signals.py), and "
               "with none.", ""]
     names = PREDICTORS + ["narx (cpu, mem)", "narx (all)", "narx (tail)", "narx (none)"]
     lines.append("| trace | rows | NARX / best | " + " | ".join(names) + " |")

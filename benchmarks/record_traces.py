@@ -3,7 +3,7 @@
 For each recording: start the tenants (processes that switch on and off on a schedule, so
 that the contention is real), run
 ``mxlbbsp launch -n 2 --metrics ... -- python examples/train_gluon.py ...``, stop the tenants,
-and convert the metrics log with ``mxlbbsp.trace.from_metrics`` (iteration 0 left out) into
+and convert the metrics log with ``mxlbbsp.analysis.trace.from_metrics`` (iteration 0 left out) into
 benchmarks/traces/<name>.csv. A sidecar <name>.json records the command, the tenants and the
 machine, for benchmarks/predictors.py to put into its report.
 
@@ -21,7 +21,7 @@ benchmarks/contention.py), so that a tenant slows down exactly the worker it sha
 with: the dedicated-core setting of a shared cluster, where the noise of Linux spreading three
 busy threads over two cores from one 4 ms slice to the next is gone.
 
-The traces carry every signal the workers can report (``--signals all``; mxlbbsp/signals.py:
+The traces carry every signal the workers can report (``--signals all``; mxlbbsp/core/signals.py:
 others_cpu, ctx_invol, run_delay, cpu_pressure, steal, runq, and the three tail columns) next
 to cpu_percent and mem_percent.
 
@@ -48,7 +48,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mxlbbsp import trace as _trace  # noqa: E402
+from mxlbbsp.analysis import trace as _trace  # noqa: E402
 
 CPU_FULL = dict(kind="cpu", duty=1.0)
 CPU_HALF = dict(kind="cpu", duty=0.5)

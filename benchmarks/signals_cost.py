@@ -1,4 +1,4 @@
-"""Cost of reading the contention signals (mxlbbsp/signals.py) on a worker, per iteration.
+"""Cost of reading the contention signals (mxlbbsp/core/signals.py) on a worker, per iteration.
 
     python benchmarks/signals_cost.py            # the reads, then a job (~2 minutes)
     python benchmarks/signals_cost.py --no-job   # the reads only
@@ -34,7 +34,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from mxlbbsp import signals as S  # noqa: E402
+from mxlbbsp.core import signals as S  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 #: the job: launcher options per variant (the first is the reference), and its size

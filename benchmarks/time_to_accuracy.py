@@ -26,7 +26,7 @@ from pathlib import Path
 
 import _common as C
 import _suite as S
-from mxlbbsp import metrics as _metrics
+from mxlbbsp.core import metrics as _metrics
 
 #: label -> (sync mode, extra training options); ASP runs once with the same hyperparameters
 #: and once with momentum 0.5 (asynchrony adds implicit momentum: with 0.9 it oscillates)

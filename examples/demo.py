@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mxlbbsp import metrics  # noqa: E402
+from mxlbbsp.core import metrics  # noqa: E402
 
 
 def run(mode: str, args, out: Path) -> Path:
@@ -63,7 +63,7 @@ def main():
     print(f"\nLB-BSP speedup over BSP: {speedup:.2f}x (ideal for 1:1:3 speeds: "
           f"(1 + 1 + 1/3) / (3 x 1/3) = 2.33x)")
     try:
-        from mxlbbsp.report import write_report
+        from mxlbbsp.analysis.report import write_report
         index = write_report([str(paths["bsp"]), str(paths["lbbsp"])], str(out / "report"))
         print(f"plots: {index}")
     except ImportError:

@@ -22,7 +22,7 @@ from mxnet import autograd, gluon, nd
 
 import mxlbbsp                                     # mxlbbsp
 from mxlbbsp.models import get_model
-from mxlbbsp import datasets
+from mxlbbsp.worker import datasets
 
 log = logging.getLogger("train_gluon")
 

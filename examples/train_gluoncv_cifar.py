@@ -27,7 +27,7 @@ from gluoncv.model_zoo import get_model
 from gluoncv.utils import LRScheduler
 
 import mxlbbsp                                                                    # mxlbbsp
-from mxlbbsp import datasets
+from mxlbbsp.worker import datasets
 
 log = logging.getLogger("train_gluoncv_cifar")
 

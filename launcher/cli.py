@@ -11,8 +11,9 @@ from typing import List, Optional
 
 import click
 
-from mxlbbsp import __version__, modes
-from mxlbbsp import signals as _signals
+from mxlbbsp import modes
+from mxlbbsp.core import signals as _signals
+from mxlbbsp.core.env import VERSION as __version__
 from mxlbbsp.modes.r2sp import TUNINGS as R2SP_TUNINGS
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
@@ -166,7 +167,7 @@ def cli(verbose):
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "
                    f"of {', '.join(_signals.COLUMNS)} (the *_tail ones: over the last quarter "
-                   "of the compute phase; see mxlbbsp/signals.py).")
+                   "of the compute phase; see mxlbbsp/core/signals.py).")
 @click.option("--signals", "signal_spec", default="auto", show_default=True, metavar="COLS",
               help="What every worker reads of its host and reports (into --metrics, for "
                    "`mxlbbsp trace`), besides the --exog inputs: auto (all but the *_tail "
@@ -270,7 +271,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r
 
 
 # ---- predict and trace (issue 3): registered below this line -----------------------------
-from .cli_predict import predict as _predict, trace as _trace_cmd  # noqa: E402
+from .cli_predict import predict as _predict  # noqa: E402
+from .cli_predict import trace as _trace_cmd
 
 cli.add_command(_predict)
 cli.add_command(_trace_cmd)

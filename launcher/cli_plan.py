@@ -6,6 +6,10 @@ import math
 
 import click
 
+from mxlbbsp.analysis import profile as _profile
+from mxlbbsp.core import metrics
+from mxlbbsp.core import planner as _planner
+
 from .config import ConfigError
 
 #: beyond these the table means nothing (a typo, or a file whose times are not a real run's)
@@ -53,7 +57,6 @@ Examples:
               help="Leave out iterations below N (warm-up).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 def plan(metrics_paths, samples, epochs, batch_range, deadline, skip, as_json):
-    from mxlbbsp import courier, metrics
 
     if not 1 <= samples <= MAX_SAMPLES:
         raise ConfigError(f"--samples {samples}: must be in 1..{MAX_SAMPLES:.0e} (the "
@@ -63,25 +66,25 @@ def plan(metrics_paths, samples, epochs, batch_range, deadline, skip, as_json):
     if skip < 0:
         raise ConfigError(f"--skip {skip}: must be >= 0")
     try:
-        deadline_s = None if deadline is None else courier.parse_duration(deadline)
+        deadline_s = None if deadline is None else _planner.parse_duration(deadline)
         records = [rec for path in metrics_paths for rec in metrics.load(path)]
     except metrics.MetricsError as exc:
         raise ConfigError(f"{exc}; {metrics.HINT}") from None
-    except courier.PlanError as exc:
+    except _planner.PlanError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        ranks, model, sync_s = courier.fit_time_models(records, skip=skip)
-    except courier.PlanError as exc:
+        ranks, model, sync_s = _profile.fit_time_models(records, skip=skip)
+    except _planner.PlanError as exc:
         raise ConfigError(f"{', '.join(metrics_paths)}: {exc}") from None
     try:
-        lo, hi = courier.parse_batch_range(batch_range, len(ranks))
-    except courier.PlanError as exc:
+        lo, hi = _planner.parse_batch_range(batch_range, len(ranks))
+    except _planner.PlanError as exc:
         raise ConfigError(str(exc)) from None
     if hi > MAX_BATCH:
         raise ConfigError(f"--batch-range {batch_range}: the maximum {hi} is more than "
                           f"{MAX_BATCH:.0e} samples per iteration")
-    work = courier.Work(0, samples, epochs)
-    rows = courier.plan(model, sync_s, work, courier.candidates(lo, hi), deadline_s)
+    work = _planner.Work(0, samples, epochs)
+    rows = _planner.plan(model, sync_s, work, _planner.candidates(lo, hi), deadline_s)
     finish = [r.finish_s for r in rows]
     if not all(math.isfinite(x) for x in finish) or min(finish) > MAX_FINISH_S:
         fastest = min(finish)
@@ -91,7 +94,7 @@ def plan(metrics_paths, samples, epochs, batch_range, deadline, skip, as_json):
                           f"samples take "
                           f"{said} on its workers (speeds {_speeds(model.speed)} samples/s); "
                           "check --samples, --epochs and the file's compute_s and speed")
-    pick, meets = courier.choose(rows)
+    pick, meets = _planner.choose(rows)
     if as_json:
         click.echo(json.dumps({
             "workers": len(ranks), "speed": [float(v) for v in model.speed],
@@ -106,14 +109,14 @@ def plan(metrics_paths, samples, epochs, batch_range, deadline, skip, as_json):
              + ", ".join(f"{1e3 * a:.1f}" for a in model.intercept)
              + f"; push/pull {1e3 * sync_s:.1f} ms",
              f"{epochs:g} epoch(s) of {samples} samples"
-             + (f", deadline {courier.format_duration(deadline_s)}" if deadline_s else ""), "",
+             + (f", deadline {_planner.format_duration(deadline_s)}" if deadline_s else ""), "",
              f"{'batch':>7}{'iteration':>12}{'samples/s':>12}{'time':>12}"
              + ("  meets" if deadline_s else "")]
     for r in rows:
         rate = r.batch / r.iteration_s if r.iteration_s > 0 else math.inf
         mark = "  <- choice" if r.batch == pick else ""
         lines.append(f"{r.batch:>7}{1e3 * r.iteration_s:>10.1f}ms{rate:>12.0f}"
-                     f"{courier.format_duration(r.finish_s):>12}"
+                     f"{_planner.format_duration(r.finish_s):>12}"
                      + (f"  {'yes' if r.meets else 'no':>5}" if deadline_s else "") + mark)
     if deadline_s is not None:
         lines.append("")

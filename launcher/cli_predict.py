@@ -11,8 +11,8 @@ from typing import List
 import click
 
 from mxlbbsp import predictors as _pred
-from mxlbbsp import signals as _signals
-from mxlbbsp import trace as _trace
+from mxlbbsp.analysis import trace as _trace
+from mxlbbsp.core import signals as _signals
 
 from .config import ConfigError
 

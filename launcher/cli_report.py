@@ -1,4 +1,4 @@
-"""``mxlbbsp report``: PNG plots and an index.html from metrics files (mxlbbsp.report)."""
+"""``mxlbbsp report``: PNG plots and an index.html from metrics files (mxlbbsp.analysis.report)."""
 from __future__ import annotations
 
 import click
@@ -30,8 +30,8 @@ Examples:
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               metavar="N", help="Leave the first N iterations out of tables and timing plots.")
 def report(metrics_files, output, warmup):
-    from mxlbbsp import metrics
-    from mxlbbsp.report import InputError, OutputError, ReportError, write_report
+    from mxlbbsp.analysis.report import InputError, OutputError, ReportError, write_report
+    from mxlbbsp.core import metrics
 
     try:
         index = write_report(list(metrics_files), output, warmup=warmup)

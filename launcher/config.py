@@ -15,9 +15,13 @@ import socket
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-from mxlbbsp import _env, modes, predictors, signals
-from mxlbbsp.coordinator import TIME_MODELS
-from mxlbbsp.slowdown import Schedule, SlowdownError, parse as parse_slowdown
+from mxlbbsp import modes, predictors
+from mxlbbsp.control.coordinator import TIME_MODELS
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import signals
+from mxlbbsp.core import store as _store
+from mxlbbsp.core.slowdown import Schedule, SlowdownError
+from mxlbbsp.core.slowdown import parse as parse_slowdown
 
 from .errors import ConfigError
 from .guard import command_problem
@@ -349,7 +353,7 @@ class LaunchConfig:
             raise ConfigError(problem)
 
     def _check_checkpoints(self) -> None:
-        from mxlbbsp import checkpoint
+
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write)")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
@@ -372,7 +376,7 @@ class LaunchConfig:
                 self.checkpoint_every = 100
         if self.resume is not None:
             self.resume = os.path.abspath(os.path.join(self.cwd, self.resume))
-            if checkpoint.latest(self.resume) is None:
+            if _store.latest(self.resume) is None:
                 what = "does not exist" if not os.path.isdir(self.resume) else (
                     "is empty" if not os.listdir(self.resume) else
                     "holds no complete mxlbbsp checkpoint (ckpt-NNNNNNNN/manifest.json)")
@@ -382,11 +386,11 @@ class LaunchConfig:
     def resume_from(self) -> Optional[str]:
         """The checkpoint this launch starts from: the newest in --resume, else the newest in
         --checkpoint-dir (automatic resume), else None."""
-        from mxlbbsp import checkpoint
+
         if self.resume:
-            return checkpoint.latest(self.resume)
+            return _store.latest(self.resume)
         if self.checkpoint_dir:
-            return checkpoint.latest(self.checkpoint_dir)
+            return _store.latest(self.checkpoint_dir)
         return None
 
     def resolve_slowdown(self, num_workers: int) -> None:

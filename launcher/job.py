@@ -38,11 +38,13 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from mxlbbsp import NO_MXNET, _env, modes
-from mxlbbsp import metrics as _metrics
-from mxlbbsp import checkpoint as _ckpt
-from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
-from mxlbbsp.courier import launch_clock
+from mxlbbsp import modes
+from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import metrics as _metrics
+from mxlbbsp.core import store as _store
+from mxlbbsp.core.env import NO_MXNET
+from mxlbbsp.core.planner import launch_clock
 
 from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
@@ -319,9 +321,9 @@ class Job:
         cfg = self.config
         manifest = state = None
         if self.resume_from:
-            manifest = _ckpt.read_manifest(self.resume_from)
-            state = _ckpt.coordinator_state(self.resume_from)
-            kept = _ckpt.truncate_metrics(cfg.metrics, manifest["iteration"])
+            manifest = _store.read_manifest(self.resume_from)
+            state = _store.coordinator_state(self.resume_from)
+            kept = _store.truncate_metrics(cfg.metrics, manifest["iteration"])
             self.output.say(f"resuming from iteration {manifest['iteration'] + 1} "
                             f"({self.resume_from}; written by {manifest.get('num_workers')} "
                             f"worker(s), now {cfg.num_workers})"
@@ -667,7 +669,7 @@ def _finished(job: Job) -> Optional[int]:
     path = job.resume_from
     if not path or job.config.dry_run:
         return None
-    manifest = _ckpt.read_manifest(path)
+    manifest = _store.read_manifest(path)
     if not manifest.get("final"):
         return None
     if job.config.resume:
@@ -693,7 +695,7 @@ def run_job(config: LaunchConfig) -> int:
     for attempt in range(1, config.restarts + 1):
         if rc in NO_RESTART or config.dry_run:
             return rc
-        latest = _ckpt.latest(config.checkpoint_dir)
+        latest = _store.latest(config.checkpoint_dir)
         if latest is None:
             job.output.say(f"no restart: no checkpoint was written to {config.checkpoint_dir} "
                            "before the failure")
@@ -710,7 +712,7 @@ def run_job(config: LaunchConfig) -> int:
         config.num_workers = min(requested or slots, slots)
         n = config.num_workers
         why = "; ".join(dropped) or job.reason or f"exit code {rc}"
-        iteration = _ckpt.read_manifest(latest)["iteration"] + 1
+        iteration = _store.read_manifest(latest)["iteration"] + 1
         job.output.say(f"restart {attempt}/{config.restarts} from iteration {iteration} on "
                        f"{n} worker(s) ({why})")
         job = Job(config, output=job.output, hosts=hosts)

@@ -12,7 +12,14 @@ script runs as one process training on the whole global batch.
 launcher, the coordinator and the predictors stay free of the framework (and importing this
 package in a process whose DMLC_ROLE is server never starts a parameter server by accident).
 """
-__version__ = "0.1.0"
+import contextlib
+import importlib
+
+from mxlbbsp.core import env as _env
+from mxlbbsp.core.env import NO_MXNET
+from mxlbbsp.core.env import VERSION as __version__
+from mxlbbsp.worker import scalars as _scalars
+from mxlbbsp.worker import session as _session
 
 __all__ = ["DataLoader", "Trainer", "rank", "num_workers", "local_rank", "local_size",
            "untimed", "log", "__version__"]
@@ -20,26 +27,22 @@ __all__ = ["DataLoader", "Trainer", "rank", "num_workers", "local_rank", "local_
 
 def rank() -> int:
     """This worker's rank in the job (0 in a single process)."""
-    from . import _env
     return _env.rank()
 
 
 def num_workers() -> int:
     """The number of workers of the job (1 in a single process)."""
-    from . import _env
     return _env.num_workers() if _env.coordinator() is not None else 1
 
 
 def local_rank() -> int:
     """This worker's index among the job's workers on its host, 0..local_size()-1 (0 in a
     single process): e.g. its GPU, ``mx.gpu(mxlbbsp.local_rank())``."""
-    from . import _env
     return _env.local_rank()
 
 
 def local_size() -> int:
     """The number of the job's workers on this worker's host (1 in a single process)."""
-    from . import _env
     return _env.local_size()
 
 
@@ -50,9 +53,7 @@ def untimed():
     rank 0 evaluating or checkpointing; otherwise the coordinator takes that worker for a
     slow one and gives it fewer samples. A no-op outside a job.
     """
-    import contextlib
-    from . import session
-    current = session.current()
+    current = _session.current()
     return current.untimed() if current is not None else contextlib.nullcontext()
 
 
@@ -65,24 +66,16 @@ def log(loss=None, accuracy=None, **scalars) -> None:
     into this worker's metrics record of the current iteration (``scalars``), which
     ``mxlbbsp report`` plots against time and iterations and ``--tensorboard DIR`` writes for
     TensorBoard; in a single process they are only kept in memory. A value that is not one
-    number stops the script with one line (exit code 2). See :mod:`mxlbbsp.scalars`.
+    number stops the script with one line (exit code 2). See :mod:`mxlbbsp.worker.scalars`.
     """
-    from .scalars import log as _log
-    _log(loss, accuracy, **scalars)
+    _scalars.log(loss, accuracy, **scalars)
 
 
-_LAZY = {"DataLoader": ".dataloader", "Trainer": ".trainer"}
-
-#: what to do when MXNet is missing: mxlbbsp depends on no MXNet build (the CPU wheel and the
-#: CUDA builds are different distributions of the one ``mxnet`` module)
-NO_MXNET = ("mxlbbsp needs MXNet in this Python, and none is installed: pip install "
-            "mxnet==1.9.1 for the CPU build (mxlbbsp's extra cpu), or one of MXNet's CUDA "
-            "builds for GPUs (e.g. pip install mxnet-cu112)")
-
+#: the two names that import MXNet, loaded on first use
+_LAZY = {"DataLoader": ".worker.dataloader", "Trainer": ".worker.trainer"}
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
         try:
             module = importlib.import_module(_LAZY[name], __name__)
         except ModuleNotFoundError as exc:

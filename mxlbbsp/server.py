@@ -8,7 +8,8 @@ mxnet with the role set runs the server loop until the job ends, then exits.
 """
 import sys
 
-from . import _env
+from mxlbbsp.core import env as _env
+from mxlbbsp.core.env import NO_MXNET
 
 
 def main() -> int:
@@ -22,7 +23,6 @@ def main() -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "mxnet":
             raise
-        from . import NO_MXNET
         sys.stderr.write(f"mxlbbsp: error: {NO_MXNET}\n")
         return 2
     return 0

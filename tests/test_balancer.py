@@ -5,9 +5,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mxlbbsp.balancer import (AffineFit, AllocationError, Balancer, TimeModel, allocate,
-                              equal_split, makespan, pooled_slope, rescale, rescale_slice,
-                              slice_of)
+from mxlbbsp.core.timemodel import AffineFit
+from mxlbbsp.core.split import AllocationError
+from mxlbbsp.core.split import Balancer
+from mxlbbsp.core.timemodel import TimeModel
+from mxlbbsp.core.split import allocate
+from mxlbbsp.core.split import equal_split
+from mxlbbsp.core.timemodel import makespan
+from mxlbbsp.core.timemodel import pooled_slope
+from mxlbbsp.core.split import rescale
+from mxlbbsp.core.split import rescale_slice
+from mxlbbsp.core.split import slice_of
 
 speeds = st.lists(st.floats(0.05, 1000.0, allow_nan=False), min_size=1, max_size=24)
 
@@ -232,7 +240,7 @@ def test_nanmedian_last_is_numpys_nanmedian_without_its_cost():
     """balancer.nanmedian_last (on the coordinator's critical path) gives np.nanmedian's
     numbers along the last axis, NaN for a row with nothing left, for 1-, 2- and 3-D input."""
     import warnings
-    from mxlbbsp.balancer import nanmedian_last
+    from mxlbbsp.core.timemodel import nanmedian_last
     rng = np.random.default_rng(0)
     for shape in [(7,), (8,), (5, 6), (3, 4, 9)]:
         x = rng.normal(size=shape)
@@ -250,7 +258,7 @@ def test_std_rows_is_numpys_nanstd():
     gives np.nanstd's numbers bit for bit, NaN for a row with nothing valid: the same workers
     are kept, so the same slope."""
     import warnings
-    from mxlbbsp.balancer import _std_rows
+    from mxlbbsp.core.timemodel import _std_rows
     rng = np.random.default_rng(0)
     for rows, cols in [(1, 1), (3, 8), (40, 32), (256, 32)]:
         b = rng.integers(1, 80, size=(rows, cols)) * rng.uniform(0.5, 2.0)
@@ -262,7 +270,9 @@ def test_std_rows_is_numpys_nanstd():
         assert np.array_equal(_std_rows(b, valid), expected, equal_nan=True), (rows, cols)
     # AffineFit.observe hands pooled_slope the spreads it has already computed: the same
     # workers kept, the same slope as pooled_slope computing them itself
-    from mxlbbsp.balancer import AffineFit, POOLED_WORKERS, pooled_slope
+    from mxlbbsp.core.timemodel import AffineFit
+    from mxlbbsp.core.timemodel import POOLED_WORKERS
+    from mxlbbsp.core.timemodel import pooled_slope
     n = POOLED_WORKERS + 8
     fit = AffineFit(n)
     for _ in range(12):
@@ -274,7 +284,8 @@ def test_std_rows_is_numpys_nanstd():
 
 def test_the_balancer_says_why_it_chose_a_split():
     """`launch -v` logs these: a new split and its predicted gain, or the split kept."""
-    from mxlbbsp.balancer import Balancer, TimeModel
+    from mxlbbsp.core.split import Balancer
+    from mxlbbsp.core.timemodel import TimeModel
     b = Balancer(threshold=0.05)
     model = TimeModel.linear(np.array([100.0, 100.0]))
     assert list(b.allocate(model, 64, [31, 33])) == [31, 33]        # 3 % gain at most: kept

@@ -1,5 +1,5 @@
 """Smoke test of benchmarks/coordinator_scale.py's harness: the real coordinator and 4
-simulated workers (a client process speaking mxlbbsp.protocol over loopback) run a few
+simulated workers (a client process speaking mxlbbsp.core.protocol over loopback) run a few
 iterations. Checks that every measured quantity is there; never asserts a timing.
 """
 import math

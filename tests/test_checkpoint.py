@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from conftest import PY, ROOT, mxlbbsp_argv, run_mxlbbsp, wait_no_leftovers
-from mxlbbsp import checkpoint
+from mxlbbsp.core import store as _store
+
 
 pytestmark = pytest.mark.cluster
 
@@ -76,12 +77,12 @@ def test_uninterrupted_run_writes_complete_checkpoints(reference, single):
     # the two newest are kept: the periodic one of 39, with the coordinator's state of the
     # same iteration, and the final one, written when the job ended normally
     assert ckpts == ["ckpt-00000039", "ckpt-00000045", "coordinator-00000039.json"]
-    assert checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000045")["final"] is True
-    assert "final" not in checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000039")
-    m = checkpoint.read_manifest(reference / "ckpt" / "ckpt-00000039")
+    assert _store.read_manifest(reference / "ckpt" / "ckpt-00000045")["final"] is True
+    assert "final" not in _store.read_manifest(reference / "ckpt" / "ckpt-00000039")
+    m = _store.read_manifest(reference / "ckpt" / "ckpt-00000039")
     assert (m["iteration"], m["epoch"], m["index_in_epoch"], m["global_batch_size"]) == \
         (39, 1, 17, 64)
-    state = checkpoint.coordinator_state(str(reference / "ckpt" / "ckpt-00000039"))
+    state = _store.coordinator_state(str(reference / "ckpt" / "ckpt-00000039"))
     assert state["iteration"] == 39 and sum(state["sizes"]) == 64
     assert state["metrics_records"] == 3 * 40 and state["predictor"]
     assert relative_difference(load(reference / "rank0.params"), single) <= 1e-4
@@ -127,7 +128,7 @@ def test_kill9_of_the_launcher_then_resume_on_more_workers_is_exact(reference, s
     assert proc.returncode == -signal.SIGKILL
     assert _no_leftovers(marker)
     assert not (tmp_path / "rank0.params").exists()      # it did not get to the end
-    stopped = checkpoint.read_manifest(checkpoint.latest(str(ckpt)))["iteration"]
+    stopped = _store.read_manifest(_store.latest(str(ckpt)))["iteration"]
     assert 19 <= stopped < 45
     r = launch("-n", 4, "--emulate-slowdown", "1,3,1,2", "--checkpoint-dir", ckpt,
                "--checkpoint-every", 5, "--", PY, SCRIPT, tmp_path, *TRAIN)
@@ -166,7 +167,7 @@ def test_a_dead_worker_is_restarted_from_the_checkpoint(reference, single, tmp_p
     assert r.rc == 0, r.output
     assert "restart 1/1 from iteration 20 on 2 worker(s) (worker 1 exited with code 9)" \
         in r.stderr
-    from mxlbbsp import metrics
+    from mxlbbsp.core import metrics
     rows = metrics.load(str(tmp_path / "m.jsonl"))
     assert sorted({(x["iteration"], x["rank"]) for x in rows}) == \
         [(t, k) for t in range(46) for k in (0, 1)] and len(rows) == 92
@@ -208,30 +209,30 @@ def _files(value):
 @pytest.mark.parametrize("how", ["exception", "kill -9"])
 def test_an_interrupted_write_never_corrupts_the_previous_checkpoint(tmp_path, how):
     d = str(tmp_path)
-    checkpoint.write_checkpoint(d, 5, _files(5.0), {"global_batch_size": 8})
+    _store.write_checkpoint(d, 5, _files(5.0), {"global_batch_size": 8})
     if how == "exception":
         def broken(path):
             open(path, "wb").write(b"half")
             raise OSError("disk full")
         with pytest.raises(OSError):
-            checkpoint.write_checkpoint(d, 10, {"a": b"x", "b": broken}, {})
+            _store.write_checkpoint(d, 10, {"a": b"x", "b": broken}, {})
     else:
         # a process killed in the middle of writing iteration 10 (after its first file)
-        code = ("import os, signal, sys; from mxlbbsp import checkpoint\n"
+        code = ("import os, signal, sys; from mxlbbsp.core import store as _store\n"
                 "def die(path):\n"
                 "    open(path, 'wb').write(b'half'); os.kill(os.getpid(), signal.SIGKILL)\n"
-                f"checkpoint.write_checkpoint({d!r}, 10, {{'a': b'x', 'b': die}}, {{}})\n")
+                f"_store.write_checkpoint({d!r}, 10, {{'a': b'x', 'b': die}}, {{}})\n")
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60)
         assert p.returncode == -signal.SIGKILL
         assert any(n.startswith(".tmp-ckpt-") for n in os.listdir(d))
-    latest = checkpoint.latest(d)
+    latest = _store.latest(d)
     assert latest == os.path.join(d, "ckpt-00000005")
-    assert checkpoint.read_manifest(latest)["iteration"] == 5
+    assert _store.read_manifest(latest)["iteration"] == 5
     assert np.load(os.path.join(latest, "params.npz"))["w"].tolist() == [5.0] * 3
     assert not os.path.exists(os.path.join(d, "ckpt-00000010"))
     # the next write clears the leftovers, and keeps the two newest
-    checkpoint.write_checkpoint(d, 15, _files(15.0), {})
-    checkpoint.write_checkpoint(d, 20, _files(20.0), {})
+    _store.write_checkpoint(d, 15, _files(15.0), {})
+    _store.write_checkpoint(d, 20, _files(20.0), {})
     assert sorted(os.listdir(d)) == ["ckpt-00000015", "ckpt-00000020"]
 
 

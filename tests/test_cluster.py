@@ -37,7 +37,7 @@ def relative_difference(a, b):
                      / max(np.abs(a[k].asnumpy()).max(), 1e-12)) for k in a)
 
 
-from mxlbbsp import signals  # noqa: E402
+from mxlbbsp.core import signals  # noqa: E402
 
 
 def records(path):
@@ -106,7 +106,7 @@ def test_the_last_line_agrees_with_the_report(lbbsp_run):
     """The launcher's "done in ..." figures are mxlbbsp report's (metrics.summarize) on the
     metrics file of the same run: both leave the warm-up iteration out."""
     import re
-    from mxlbbsp import metrics
+    from mxlbbsp.core import metrics
     tmp, r = lbbsp_run
     m = re.search(r"done in [\d.]+ s: (\d+) iterations after the warm-up, ([\d.]+) samples/s, "
                   r"workers waited ([\d.]+)% of the time", r.stderr)

@@ -5,10 +5,12 @@ import threading
 import numpy as np
 import pytest
 
-from mxlbbsp import metrics
-from mxlbbsp import protocol as P
-from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
-from mxlbbsp.session import JobAborted, Session
+from mxlbbsp.core import metrics
+from mxlbbsp.core import protocol as P
+from mxlbbsp.control.coordinator import Coordinator
+from mxlbbsp.control.coordinator import CoordinatorConfig
+from mxlbbsp.worker.session import JobAborted
+from mxlbbsp.worker.session import Session
 
 TOKEN = "t0ken"
 
@@ -59,7 +61,7 @@ def sessions(c, n, B=64, N=640, sync="lbbsp", **kw):
 
 def finished_records(c):
     """Wait for the job to finish, stop the coordinator, and read its metrics file (through
-    mxlbbsp.metrics.load, which also checks every record's required fields)."""
+    mxlbbsp.core.metrics.load, which also checks every record's required fields)."""
     assert c.finished.wait(5)
     c.stop()
     return metrics.load(c.config.metrics_path)

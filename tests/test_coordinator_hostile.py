@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from mxlbbsp import coordinator as coordinator_module
-from mxlbbsp import metrics
-from mxlbbsp import protocol as P
-from mxlbbsp.session import JobAborted
+from mxlbbsp.control import coordinator as coordinator_module
+from mxlbbsp.core import metrics
+from mxlbbsp.core import protocol as P
+from mxlbbsp.worker.session import JobAborted
 from test_coordinator import (TOKEN, coordinator, finished_records,  # noqa: F401
                               run_iteration, sessions)
 
@@ -81,7 +81,7 @@ def test_a_registered_worker_sending_deep_json_fails_the_job_in_one_line(coordin
 def test_refusal_warnings_are_rate_limited(coordinator, caplog, monkeypatch):
     monkeypatch.setattr(coordinator_module, "REFUSAL_SUMMARY_S", 0.5)
     c = coordinator(1)
-    caplog.set_level(logging.WARNING, logger="mxlbbsp.coordinator")
+    caplog.set_level(logging.WARNING, logger="mxlbbsp.control.coordinator")
     bad = P.encode(P.hello(0, "wrong", 1, "h", 64, 640, None))
     started = time.monotonic()
     for _ in range(200):

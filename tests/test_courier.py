@@ -1,45 +1,50 @@
-"""Courier's planning (mxlbbsp.courier) and `mxlbbsp plan`: no processes, milliseconds."""
+"""Courier's planning (mxlbbsp.core.planner) and `mxlbbsp plan`: no processes, milliseconds."""
 import json
 import os
 import math
+import time
 
 import numpy as np
 import pytest
 
-from mxlbbsp import courier
-from mxlbbsp.balancer import TimeModel
+
+from mxlbbsp.core.timemodel import TimeModel
 from mxlbbsp.launcher.cli import main
+from mxlbbsp.analysis import profile as _profile
+from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import planner as _planner
+from mxlbbsp.worker import session as _session_module
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("15m", 900), ("1h30m", 5400),
                                           ("2.5h", 9000), ("1d", 86400), (" 10 m ", 600)])
 def test_durations(text, seconds):
-    assert courier.parse_duration(text) == pytest.approx(seconds)
+    assert _planner.parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["15", "-5m", "0s", "m", "5x", "1h junk", "", "nan"])
 def test_bad_durations(text):
-    with pytest.raises(courier.PlanError) as err:
-        courier.parse_duration(text)
+    with pytest.raises(_planner.PlanError) as err:
+        _planner.parse_duration(text)
     assert "\n" not in str(err.value) and "--deadline" in str(err.value)
 
 
 def test_batch_ranges():
-    assert courier.parse_batch_range("64:1024") == (64, 1024)
-    assert courier.parse_batch_range("8:8", num_workers=4) == (8, 8)
+    assert _planner.parse_batch_range("64:1024") == (64, 1024)
+    assert _planner.parse_batch_range("8:8", num_workers=4) == (8, 8)
     for bad in ("1024:64", "0:10", "64", "a:b", "64:"):
-        with pytest.raises(courier.PlanError):
-            courier.parse_batch_range(bad)
-    with pytest.raises(courier.PlanError, match="below the number of workers"):
-        courier.parse_batch_range("2:64", num_workers=4)
+        with pytest.raises(_planner.PlanError):
+            _planner.parse_batch_range(bad)
+    with pytest.raises(_planner.PlanError, match="below the number of workers"):
+        _planner.parse_batch_range("2:64", num_workers=4)
 
 
 def test_candidates_cover_the_range_geometrically():
-    c = courier.candidates(64, 1024)
+    c = _planner.candidates(64, 1024)
     assert c[0] == 64 and c[-1] == 1024
     assert np.all(np.diff(c) > 0)
     assert {64, 128, 256, 512, 1024} <= set(c.tolist())     # Courier's own grid is in it
-    assert courier.candidates(100, 100).tolist() == [100]
+    assert _planner.candidates(100, 100).tolist() == [100]
 
 
 def _model(speeds, fixed=0.01):
@@ -49,8 +54,8 @@ def _model(speeds, fixed=0.01):
 
 def test_plan_is_the_lbbsp_makespan_plus_sync():
     model = _model([100.0, 300.0], fixed=0.0)
-    work = courier.Work(0, 1000, 1)
-    (row,) = courier.plan(model, 0.05, work, [400])
+    work = _planner.Work(0, 1000, 1)
+    (row,) = _planner.plan(model, 0.05, work, [400])
     # 400 samples split 100:300 -> each 1.0 s; plus 0.05 s push/pull; ceil(1000/400) = 3
     assert row.iteration_s == pytest.approx(1.05)
     # 1000 = 2 x 400 + 200: the short last batch, 200 split 50:150, takes 0.5 + 0.05 s
@@ -77,13 +82,13 @@ def test_predicted_time_is_the_sum_of_its_iterations_short_last_batch_included(f
     """The issue's case: 1437 samples, 20 epochs, 64:1024; the predicted time equals the sum
     of the predicted times of the iterations one by one, each at its own size."""
     model = _model([300.0, 300.0, 100.0, 300.0], fixed=fixed)
-    work = courier.Work(500, 1437, 20)
-    rows = courier.plan(model, sync, work, courier.candidates(64, 1024))
+    work = _planner.Work(500, 1437, 20)
+    rows = _planner.plan(model, sync, work, _planner.candidates(64, 1024))
     for r in rows:
         its = _iterate(work, r.batch, 4)
         assert sum(its) == 500 + 20 * 1437
         assert work.iterations(r.batch) == len(its)
-        expected = sum(courier.iteration_time(model, sync, b) for b in its)
+        expected = sum(_planner.iteration_time(model, sync, b) for b in its)
         assert r.finish_s == pytest.approx(expected, rel=1e-9)
     # a larger batch never takes longer, but for the integer split's rounding (< 3 %): fixed
     # costs are paid by fewer iterations (counting every batch as a full one, the time went
@@ -94,23 +99,23 @@ def test_predicted_time_is_the_sum_of_its_iterations_short_last_batch_included(f
 
 def test_smallest_batch_that_meets_the_deadline_else_the_fastest():
     model = _model([500.0, 500.0, 500.0, 500.0], fixed=0.02)
-    work = courier.Work(0, 20000, 2)
-    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024))
+    work = _planner.Work(0, 20000, 2)
+    rows = _planner.plan(model, 0.01, work, _planner.candidates(64, 1024))
     finish = {r.batch: r.finish_s for r in rows}
     # with a fixed cost per iteration, bigger batches finish sooner
     assert finish[1024] < finish[64]
     deadline = finish[256] * 1.001
-    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024), deadline)
-    batch, meets = courier.choose(rows)
+    rows = _planner.plan(model, 0.01, work, _planner.candidates(64, 1024), deadline)
+    batch, meets = _planner.choose(rows)
     assert meets and batch <= 256
     assert all(not r.meets for r in rows if r.batch < batch)
-    rows = courier.plan(model, 0.01, work, courier.candidates(64, 1024), 0.001)
-    batch, meets = courier.choose(rows)
+    rows = _planner.plan(model, 0.01, work, _planner.candidates(64, 1024), 0.001)
+    batch, meets = _planner.choose(rows)
     assert not meets and batch == min(rows, key=lambda r: r.finish_s).batch
 
 
 def test_work_counts_the_short_last_batch_of_each_epoch():
-    work = courier.Work(in_epoch=100, epoch_size=1000, epochs=2)
+    work = _planner.Work(in_epoch=100, epoch_size=1000, epochs=2)
     assert work.iterations(64) == math.ceil(100 / 64) + 2 * math.ceil(1000 / 64)
     assert work.samples == 2100
 
@@ -118,10 +123,10 @@ def test_work_counts_the_short_last_batch_of_each_epoch():
 def test_planner_moves_up_when_the_cluster_slows_and_keeps_still_under_noise():
     rng = np.random.default_rng(0)
     n, epoch = 4, 50000
-    planner = courier.BatchPlanner(64, 1024, every=5, margin=0.1)
+    planner = _planner.BatchPlanner(64, 1024, every=5, margin=0.1)
     fast = np.full(n, 2000.0)
-    work = courier.Work(epoch, epoch, 2)
-    rows = courier.plan(_model(fast), 0.01, work, planner.batches)
+    work = _planner.Work(epoch, epoch, 2)
+    rows = _planner.plan(_model(fast), 0.01, work, planner.batches)
     # a deadline that B=256 meets comfortably at full speed
     time_left = {r.batch: r.finish_s for r in rows}[256] * 1.3
     b0 = planner.initial(_model(fast), 0.01, work, time_left)
@@ -151,7 +156,7 @@ def simulate_planner(deadline_s, speeds, fixed_s, sync_s, N, epochs, noise, seed
     speeds = np.asarray(speeds, dtype=float)
     n = len(speeds)
     true = TimeModel(speeds, np.full(n, fixed_s))
-    planner = planner or courier.BatchPlanner(lo, hi)
+    planner = planner or _planner.BatchPlanner(lo, hi)
     clock, done, total, chosen = 0.0, 0, int(N * epochs), []
     error = np.zeros(n)
     while done < total:
@@ -159,7 +164,7 @@ def simulate_planner(deadline_s, speeds, fixed_s, sync_s, N, epochs, noise, seed
         remaining = total - done
         error = 0.9 * error + noise * rng.standard_normal(n)
         est = TimeModel(speeds * np.exp(error), np.full(n, fixed_s))
-        work = courier.Work(min(rest, remaining), N, max(remaining - rest, 0) / N)
+        work = _planner.Work(min(rest, remaining), N, max(remaining - rest, 0) / N)
         if planner.current is None:
             B = planner.initial(est, sync_s, work, deadline_s - clock)
         else:
@@ -167,8 +172,8 @@ def simulate_planner(deadline_s, speeds, fixed_s, sync_s, N, epochs, noise, seed
         b = min(B, rest)
         if 0 < rest - b < n:
             b = rest
-        took = courier.iteration_time(true, sync_s, b) * rng.lognormal(0, 0.05)
-        planner.observe(took, courier.iteration_time(est, sync_s, b))
+        took = _planner.iteration_time(true, sync_s, b) * rng.lognormal(0, 0.05)
+        planner.observe(took, _planner.iteration_time(est, sync_s, b))
         clock += took
         done += b
         chosen.append((epoch, B))
@@ -191,15 +196,15 @@ def test_steady_speeds_give_a_steady_batch_and_meet_the_deadline():
     epoch here). Two candidates per octave and 6 epochs keep it to seconds."""
     speeds, fixed, sync, N, epochs = [600.0, 600.0, 200.0, 600.0], 0.004, 0.01, 1437, 6
     model = TimeModel(np.array(speeds), np.full(4, fixed))
-    rows = courier.plan(model, sync, courier.Work(N, N, epochs - 1),
-                        courier.candidates(64, 1024, 2))
+    rows = _planner.plan(model, sync, _planner.Work(N, N, epochs - 1),
+                        _planner.candidates(64, 1024, 2))
     fastest, slowest = min(r.finish_s for r in rows), max(r.finish_s for r in rows)
     for share in (0.1, 0.3, 0.5, 0.7, 0.9):
         deadline = fastest * 1.15 + share * (slowest - fastest * 1.15)
         for seed in range(2):
             took, chosen, planner = simulate_planner(
                 deadline, speeds, fixed, sync, N, epochs, 0.05, seed,
-                planner=courier.BatchPlanner(64, 1024, per_octave=2))
+                planner=_planner.BatchPlanner(64, 1024, per_octave=2))
             per = _changes_per_epoch(chosen)
             assert max(per.values()) <= 2, (share, seed, per)
             assert took <= deadline, (share, seed, took, deadline)
@@ -207,21 +212,21 @@ def test_steady_speeds_give_a_steady_batch_and_meet_the_deadline():
 
 
 def test_the_margin_follows_the_measured_spread_of_iteration_times():
-    steady, noisy = courier.BatchPlanner(64, 1024), courier.BatchPlanner(64, 1024)
-    assert steady.margin == noisy.margin == courier.BatchPlanner.START_MARGIN
+    steady, noisy = _planner.BatchPlanner(64, 1024), _planner.BatchPlanner(64, 1024)
+    assert steady.margin == noisy.margin == _planner.BatchPlanner.START_MARGIN
     rng = np.random.default_rng(0)
     for _ in range(40):
         steady.observe(1.0 * rng.lognormal(0, 0.01), 1.0)
         noisy.observe(1.2 * rng.lognormal(0, 0.15), 1.0)
-    assert steady.margin == pytest.approx(courier.BatchPlanner.MIN_MARGIN)
-    assert 0.15 < noisy.margin <= courier.BatchPlanner.MAX_MARGIN
+    assert steady.margin == pytest.approx(_planner.BatchPlanner.MIN_MARGIN)
+    assert 0.15 < noisy.margin <= _planner.BatchPlanner.MAX_MARGIN
     assert steady.bias == pytest.approx(1.0, abs=0.01)
     assert noisy.bias == pytest.approx(1.2, rel=0.1)      # predictions 20 % optimistic
 
 
 def test_planner_says_when_no_batch_meets_the_deadline():
-    planner = courier.BatchPlanner(64, 256)
-    work = courier.Work(10**6, 10**6, 1)
+    planner = _planner.BatchPlanner(64, 256)
+    work = _planner.Work(10**6, 10**6, 1)
     b = planner.initial(_model([100.0, 100.0]), 0.01, work, time_left=1.0)
     assert planner.missing and b == 256
 
@@ -234,7 +239,7 @@ def test_fit_time_models_recovers_fixed_cost_and_speed():
             b = int(rng.integers(20, 200))
             recs.append({"iteration": t, "rank": rank, "batch_size": b,
                          "compute_s": a + b / v, "sync_s": 0.004})
-    ranks, model, sync_s = courier.fit_time_models(recs)
+    ranks, model, sync_s = _profile.fit_time_models(recs)
     assert ranks == [0, 1]
     np.testing.assert_allclose(model.intercept, [0.02, 0.05], rtol=1e-6)
     np.testing.assert_allclose(model.speed, [1000.0, 250.0], rtol=1e-6)
@@ -336,7 +341,7 @@ def test_loader_replays_a_schedule_and_uses_every_sample_once_per_epoch(monkeypa
     from mxnet import gluon, nd
 
     import mxlbbsp
-    from mxlbbsp import session
+    from mxlbbsp.worker import session
 
     monkeypatch.delenv("MXLBBSP_COORDINATOR", raising=False)
     session.close_session()
@@ -373,25 +378,60 @@ def test_loader_replays_a_schedule_and_uses_every_sample_once_per_epoch(monkeypa
 from test_coordinator import coordinator, sessions  # noqa: E402,F401  (fixture and helper)
 
 
-def _courier_iteration(ss, speeds, sync_s=0.05, clock=None):
-    """One iteration of every worker at the given per-sample speeds (a stand-in clock), with
-    a push/pull of ``sync_s``: the fixed cost per iteration that a larger batch amortises.
-    ``clock``: [seconds], the courier policy's clock, advanced by the iteration's time."""
-    sizes = []
-    for s, v in zip(ss, speeds):
-        t, offset, local = s.next_iteration(None)
-        sizes.append(local)
-        s._t_end -= local / v
-        s.gradients_ready()
+class _SimulatedTime:
+    """The sessions' ``time`` module with ``perf_counter`` set by the test: the times the
+    workers measure and report are the simulated ones, whatever this machine's load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def _courier_iteration(ss, speeds, sync_s=0.05, clock=None, fake=None):
+    """One iteration of every worker at the given per-sample speeds, with a push/pull of
+    ``sync_s``: the fixed cost per iteration that a larger batch amortises.
+
+    ``fake``: the sessions' :class:`_SimulatedTime`; each worker's compute phase then
+    takes exactly local / v and its push/pull ``sync_s`` on its own timeline.
+    ``clock``: [seconds], the courier policy's clock, advanced by the iteration's time
+    before the reports are sent, so the policy (which reads it once all n are in) reads the
+    same time however its thread and this one interleave."""
+    starts = [s._t_end for s in ss]
+    if fake is not None:
+        fake.now = max(starts)
+    sizes = [s.next_iteration(None)[2] for s in ss]
+    t = ss[0].iteration
     if clock is not None:
         clock[0] += max(b / v for b, v in zip(sizes, speeds)) + sync_s
+    for s, start, local, v in zip(ss, starts, sizes, speeds):
+        if fake is None:
+            s._t_end -= local / v
+        else:
+            s._alloc_wait, s._t_end, fake.now = 0.0, start, start + local / v
+        s.gradients_ready()
+    if fake is not None:
+        # the pushes end once the coordinator has planned t+1 from all n reports: else
+        # a done of t could reach it before the last report, and its sync-time average
+        # would depend on how the two threads interleave
+        deadline = time.monotonic() + 30
+        while not all(t + 1 in s._alloc for s in ss) and time.monotonic() < deadline:
+            time.sleep(0.001)
     for s in ss:
-        s._t_ready -= sync_s
+        if fake is None:
+            s._t_ready -= sync_s
+        else:
+            fake.now = s._t_ready + sync_s
         s.step_done()
     return t, ss[0].batch_global, sizes
 
 
-def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinator):
+def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinator,
+                                                                        monkeypatch):
     # epochs of 5000 samples (5-20 iterations): B may change at most twice per epoch with
     # steady speeds, and the tenant's arrival and departure fall into different epochs
     n, N = 4, 5000
@@ -401,16 +441,20 @@ def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinat
     # this test's (a loaded machine's) wall time
     clock = [0.0]
     c._policy.clock, c._policy.started = (lambda: clock[0]), 0.0
+    # and so are the workers' measured times
+    fake = _SimulatedTime()
+    monkeypatch.setattr(_session_module, "time", fake)
     ss, errors = sessions(c, n, B=64, N=N, sync="courier")
     assert not errors
     for s in ss:
         s.next_global_batch = lambda: N
+        s._t_end = 0.0
     fast, slow = [1000.0] * 4, [1000.0, 1000.0, 250.0, 250.0]
-    history = [_courier_iteration(ss, fast, clock=clock) for _ in range(15)]
+    history = [_courier_iteration(ss, fast, clock=clock, fake=fake) for _ in range(15)]
     before = history[-1][1]
-    history += [_courier_iteration(ss, slow, clock=clock) for _ in range(10)]
+    history += [_courier_iteration(ss, slow, clock=clock, fake=fake) for _ in range(10)]
     during = max(b for _, b, _ in history[-10:])
-    history += [_courier_iteration(ss, fast, clock=clock) for _ in range(20)]
+    history += [_courier_iteration(ss, fast, clock=clock, fake=fake) for _ in range(20)]
     after = history[-1][1]
     for s in ss:
         s.close()
@@ -494,8 +538,8 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
 
 
 def test_report_plots_the_plan_of_a_courier_run(tmp_path):
-    from mxlbbsp.report import write_report
-    path = tmp_path / "courier.jsonl"
+    from mxlbbsp.analysis.report import write_report
+    path = tmp_path / "_planner.jsonl"
     with open(path, "w") as fh:
         for t in range(30):
             B = 64 if t < 10 else 128
@@ -533,30 +577,30 @@ def test_launch_refuses_bad_courier_options_before_starting_anything(capsys, arg
 
 
 def test_momentum_and_a_large_learning_rate_factor_are_warned_once(caplog):
-    assert courier.momentum_warning(0.9, 2.0) is None           # a small factor
-    assert courier.momentum_warning(0.0, 16.0) is None          # no momentum
-    text = courier.momentum_warning(0.9, 16.0)
+    assert _lr.momentum_warning(0.9, 2.0) is None           # a small factor
+    assert _lr.momentum_warning(0.0, 16.0) is None          # no momentum
+    text = _lr.momentum_warning(0.9, 16.0)
     assert "16.0x" in text and "momentum is 0.9" in text and "--lr-scaling sqrt" in text
 
     class SGD:
         momentum = 0.9
     opt = SGD()
-    with caplog.at_level("WARNING", logger="mxlbbsp.courier"):
+    with caplog.at_level("WARNING", logger="mxlbbsp.core.lr"):
         for factor in (1.0, 2.0, 8.0, 16.0, 8.0):
-            courier.warn_momentum(opt, factor)
-    lines = [r.getMessage() for r in caplog.records if r.name == "mxlbbsp.courier"]
+            _lr.warn_momentum(opt, factor)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mxlbbsp.core.lr"]
     assert len(lines) == 1 and "8.0x" in lines[0]
 
 
 def test_the_deadline_counts_from_the_launch_the_launcher_hands_over(coordinator):
-    """The launcher passes its process's start (courier.launch_clock) as
+    """The launcher passes its process's start (_planner.launch_clock) as
     CoordinatorConfig.started: the policy's clock starts there, not when it is built (after
     the SSH pre-flight)."""
     import time
 
     import psutil
     age = time.time() - psutil.Process().create_time()    # whole seconds of boot time
-    start = courier.launch_clock()
+    start = _planner.launch_clock()
     assert start == pytest.approx(time.monotonic() - age, abs=1.5)
     assert start < time.monotonic() - 0.1          # this test process is older than that
     c = coordinator(2, sync="courier", started=start,

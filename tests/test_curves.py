@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import mxlbbsp
-from mxlbbsp import metrics, report, scalars
-from mxlbbsp.coordinator import auto_min_batch
+from mxlbbsp.core import metrics
+from mxlbbsp.analysis import report
+from mxlbbsp.worker import scalars
+from mxlbbsp.control.coordinator import auto_min_batch
 
 from test_coordinator import coordinator, finished_records, sessions  # noqa: F401
 
@@ -40,7 +42,7 @@ def test_log_refuses_what_is_not_one_number(value, why):
 
 
 def test_log_in_a_single_process_keeps_the_values_and_writes_nothing(tmp_path):
-    code = ("import mxlbbsp, mxlbbsp.scalars as s\n"
+    code = ("import mxlbbsp, mxlbbsp.worker.scalars as s\n"
             "mxlbbsp.log(loss=0.5, accuracy=0.25, lr=0.1)\n"
             "mxlbbsp.log()\n"
             "print(s.history()[-1][0], sorted(s.history()[-1][2].items()))\n")
@@ -115,7 +117,7 @@ def test_logged_values_land_in_their_iteration_and_in_tensorboard(coordinator, t
 
 
 def test_a_malformed_log_message_fails_the_job(coordinator):
-    from mxlbbsp import protocol as P
+    from mxlbbsp.core import protocol as P
     c = coordinator(1, sync="bsp", predictor="last")
     ss, _ = sessions(c, 1, sync="bsp")
     _step(ss[0], 64, 0.01)

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from conftest import PY, ROOT, run_mxlbbsp
-from mxlbbsp import metrics
+from mxlbbsp.core import metrics
 
 pytestmark = pytest.mark.cluster
 

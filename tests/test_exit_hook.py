@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from mxlbbsp import _env
+from mxlbbsp.core import env as _env
 from mxlbbsp.launcher import guard, procs
 
 BOOT = guard.BOOT_DIR

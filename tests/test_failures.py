@@ -271,7 +271,7 @@ def test_a_bad_stall_timeout_is_one_line_exit_2(value):
 
 
 def test_the_stall_floors_variable_is_checked():
-    from mxlbbsp import _env
+    from mxlbbsp.core import env as _env
     assert _env.stall_floors({}) == _env.DEFAULT_STALL_FLOORS
     assert _env.stall_floors({_env.STALL_FLOORS: "20,3"}) == (20.0, 3.0)
     for bad in ("20", "a,b", "0,3", "nan,3"):
@@ -280,7 +280,7 @@ def test_the_stall_floors_variable_is_checked():
 
 
 def test_the_progress_line_shows_no_stale_speed_when_nothing_advances():
-    from mxlbbsp.coordinator import Progress
+    from mxlbbsp.control.coordinator import Progress
     from mxlbbsp.launcher.job import Job
     from mxlbbsp.launcher.procs import Output
     import io

@@ -18,8 +18,8 @@ def run_mxlbbsp(*args, **kw):
     as a worker): fail in 60 s rather than wait for it."""
     kw.setdefault("timeout", 60)
     return _run(*args, **kw)
-from mxlbbsp import _env
-from mxlbbsp import trace as _trace
+from mxlbbsp.core import env as _env
+from mxlbbsp.analysis import trace as _trace
 from mxlbbsp.launcher.config import ConfigError, parse_env
 
 #: a worker command that would succeed at once, were the job started

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mxnet import nd
 
-from mxlbbsp import datasets
+from mxlbbsp.worker import datasets
 from mxlbbsp.models import available, batch_independent, get_model
 
 

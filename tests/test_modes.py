@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from mxlbbsp import _env, modes
+from mxlbbsp import modes
+from mxlbbsp.core import env as _env
 from mxlbbsp.launcher.cli import main
 from mxlbbsp.launcher.config import ConfigError, LaunchConfig
 from mxlbbsp.modes import r2sp as r2sp_mode
@@ -22,7 +23,7 @@ def test_registry_names_labels_and_kvstores():
     assert modes.DEFAULT == "lbbsp"
     assert modes.labels() == {"lbbsp": "LB-BSP", "bsp": "BSP", "asp": "ASP", "r2sp": "R2SP",
                               "courier": "Courier"}
-    assert [_env.kvstore_type(m) for m in modes.available()] == \
+    assert [modes.get(m).kvstore for m in modes.available()] == \
         ["dist_sync", "dist_sync", "dist_async", "dist_async", "dist_sync"]
     assert [modes.get(m).follows_allocations for m in modes.available()] == \
         [True, False, False, True, True]
@@ -39,14 +40,14 @@ def test_a_new_mode_is_one_registration(monkeypatch):
     class Toy(modes.SyncMode):
         name, label, help = "toy", "Toy", "a test mode"
 
-    assert _env.sync({"MXLBBSP_SYNC": "toy"}) == "toy"
+    assert modes.from_env({"MXLBBSP_SYNC": "toy"}).name == "toy"
     assert LaunchConfig(command=["x"], num_workers=1, sync="toy").sync == "toy"
     assert modes.labels()["toy"] == "Toy"
 
 
 def test_unregistered_mode_is_refused_by_env_and_launch_config():
     with pytest.raises(_env.EnvError, match="MXLBBSP_SYNC='bogus': not a sync mode"):
-        _env.sync({"MXLBBSP_SYNC": "bogus"})
+        modes.from_env({"MXLBBSP_SYNC": "bogus"})
     with pytest.raises(ConfigError, match=r"^--sync 'bogus': choose one of lbbsp, bsp, asp, "
                        r"r2sp, courier$"):
         LaunchConfig(command=["x"], num_workers=1, sync="bogus")
@@ -66,7 +67,7 @@ def test_cli_refuses_bad_sync_input_with_one_line(capsys, args, says):
 
 
 def test_worker_with_unregistered_mode_exits_2_with_one_line():
-    code = "from mxlbbsp.session import Session; Session(8, 100, 8)"
+    code = "from mxlbbsp.worker.session import Session; Session(8, 100, 8)"
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
                        env={"MXLBBSP_SYNC": "bogus", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 2
@@ -138,7 +139,7 @@ def test_r2sp_without_tuning_keeps_the_equal_split(coordinator):
 
 
 def test_r2sp_options_are_checked_by_the_coordinator_config():
-    from mxlbbsp.coordinator import CoordinatorConfig
+    from mxlbbsp.control.coordinator import CoordinatorConfig
     with pytest.raises(ValueError, match="--r2sp-tuning 'magic'"):
         CoordinatorConfig(num_workers=2, token="t", sync="r2sp",
                           sync_options={"tuning": "magic"})

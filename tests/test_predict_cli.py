@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_mxlbbsp
-from mxlbbsp import trace as _trace
+from mxlbbsp.analysis import trace as _trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import predictors as _bench_predictors  # noqa: E402

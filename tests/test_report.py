@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_mxlbbsp
-from mxlbbsp import metrics
+from mxlbbsp.core import metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -155,7 +155,8 @@ def test_report_compares_runs(tmp_path):
 
 
 def test_runs_are_labelled_by_sync_mode_and_stem_when_ambiguous(tmp_path):
-    from mxlbbsp.report import _label_runs, load_run
+    from mxlbbsp.analysis.report import _label_runs
+    from mxlbbsp.analysis.report import load_run
     (tmp_path / "a").mkdir()
     paths = [write_jsonl(tmp_path / "bsp.jsonl", make_records("bsp", iterations=3)),
              write_jsonl(tmp_path / "lb.jsonl", make_records("lbbsp", iterations=3)),
@@ -168,7 +169,7 @@ def test_runs_are_labelled_by_sync_mode_and_stem_when_ambiguous(tmp_path):
 
 
 def test_report_of_64_workers(tmp_path):
-    from mxlbbsp.report import write_report
+    from mxlbbsp.analysis.report import write_report
     m = write_jsonl(tmp_path / "big.jsonl",
                     make_records("lbbsp", workers=64, iterations=12,
                                  slowdown=[1 + (i % 4) for i in range(64)]))
@@ -181,7 +182,7 @@ def test_report_of_64_workers(tmp_path):
 
 
 def test_report_of_asp_run_with_unaligned_iterations(tmp_path):
-    from mxlbbsp.report import write_report
+    from mxlbbsp.analysis.report import write_report
     records = make_records("asp", workers=3, iterations=15)
     counts = {rank: len(rows) for rank, rows in metrics.by_rank(records).items()}
     assert counts[0] > counts[2]                         # really unaligned
@@ -194,7 +195,7 @@ def test_report_of_asp_run_with_unaligned_iterations(tmp_path):
 
 
 def test_report_with_null_waits_and_few_iterations(tmp_path):
-    from mxlbbsp.report import write_report
+    from mxlbbsp.analysis.report import write_report
     records = make_records("bsp", workers=2, iterations=3,
                            wait_null={(1, 0), (2, 0), (1, 1), (2, 1)})
     m = write_jsonl(tmp_path / "few.jsonl", records)

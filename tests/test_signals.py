@@ -1,4 +1,4 @@
-"""Contention signals (mxlbbsp/signals.py): the arithmetic on synthetic /proc readings, the
+"""Contention signals (mxlbbsp/core/signals.py): the arithmetic on synthetic /proc readings, the
 live readings on this machine, and how they travel (report, metrics, trace, --exog)."""
 import json
 import math
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
-from mxlbbsp import protocol as P
-from mxlbbsp import signals
-from mxlbbsp import trace as _trace
-from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.core import protocol as P
+from mxlbbsp.core import signals
+from mxlbbsp.analysis import trace as _trace
+from mxlbbsp.control.coordinator import Coordinator
+from mxlbbsp.control.coordinator import CoordinatorConfig
 
 
 class FakeHost:

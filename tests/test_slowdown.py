@@ -1,7 +1,9 @@
 """--emulate-slowdown specs: per-worker lists and CSV traces."""
 import pytest
 
-from mxlbbsp.slowdown import Schedule, SlowdownError, parse
+from mxlbbsp.core.slowdown import Schedule
+from mxlbbsp.core.slowdown import SlowdownError
+from mxlbbsp.core.slowdown import parse
 
 
 def test_list_gives_each_worker_a_constant_factor():
@@ -49,7 +51,8 @@ def test_wrong_length_and_bad_values():
 def test_timed_trace_counts_seconds_from_the_start(tmp_path):
     import time
 
-    from mxlbbsp.slowdown import Schedule, parse
+    from mxlbbsp.core.slowdown import Schedule
+    from mxlbbsp.core.slowdown import parse
     path = tmp_path / "tenant.csv"
     path.write_text("time_s,rank,slowdown\n0,0,1\n0.5,1,3\n30,1,1\n")
     s0, s1 = parse(str(path), 2)
@@ -64,6 +67,7 @@ def test_timed_trace_counts_seconds_from_the_start(tmp_path):
 def test_timed_and_iteration_points_do_not_mix():
     import pytest
 
-    from mxlbbsp.slowdown import Schedule, SlowdownError
+    from mxlbbsp.core.slowdown import Schedule
+    from mxlbbsp.core.slowdown import SlowdownError
     with pytest.raises(SlowdownError):
         Schedule.decode("@1:3,5:1")

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
-from mxlbbsp.coordinator import RETRY_EQUAL, SPEED_WINDOW
+from mxlbbsp.control.coordinator import RETRY_EQUAL
+from mxlbbsp.control.coordinator import SPEED_WINDOW
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 # the simulation of benchmarks/time_model.py: a real Coordinator fed simulated times
@@ -129,8 +130,8 @@ def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
     """A job marked compute-bound by the probe (coordinator.AutoRegime) at 32 samples per
     worker is checked again once Courier shrinks its batch below half: a smaller batch has a
     larger fixed share."""
-    from mxlbbsp.balancer import AffineFit
-    from mxlbbsp.coordinator import AutoRegime
+    from mxlbbsp.core.timemodel import AffineFit
+    from mxlbbsp.control.coordinator import AutoRegime
     regime, fit = AutoRegime(2), AffineFit(2)
     regime.compute_bound, regime.compute_votes, regime.bound_at = True, 2, 32.0
     assert not regime.equal_split(fit, np.array([20.0, 20.0]))

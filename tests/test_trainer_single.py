@@ -6,7 +6,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxlbbsp
-from mxlbbsp import session
+from mxlbbsp.worker import session
 
 
 @pytest.fixture(autouse=True)

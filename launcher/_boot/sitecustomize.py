@@ -44,7 +44,7 @@ import builtins
 import os
 import sys
 
-#: the variable that turns the hook off (``0``); named in :mod:`mxlbbsp._env`
+#: the variable that turns the hook off (``0``); named in :mod:`mxlbbsp.core.env`
 ENABLE = "MXLBBSP_EXIT_HOOK"
 #: the marker line on stderr: ``<MARKER> <exit code> <the exception's last line>``
 MARKER = "mxlbbsp-exit-hook:"
@@ -95,7 +95,7 @@ def _end(code: int, what: str) -> None:
 
 
 def _main_thread() -> bool:
-    import threading                   # imported by now if anything started a thread
+    import threading  # imported by now if anything started a thread
     return threading.current_thread() is threading.main_thread()
 
 
@@ -116,7 +116,7 @@ def _excepthook(previous):
 
 def _reason(exc_type, exc) -> str:
     """The exception in one line, as the launcher shows why a worker ended."""
-    import traceback                   # (a broken __str__ is handled there)
+    import traceback  # (a broken __str__ is handled there)
     lines = [ln for ln in "".join(traceback.format_exception_only(exc_type, exc)).splitlines()
              if ln.strip()]
     if issubclass(exc_type, SyntaxError):
@@ -188,7 +188,7 @@ def install() -> None:
     builtins.SystemExit = SystemExit
     _exit.__doc__ = sys.exit.__doc__
     sys.exit = _exit
-    import threading            # cheap, and any MXNet script imports it anyway
+    import threading  # cheap, and any MXNet script imports it anyway
     threading.excepthook = _thread_excepthook_ignoring_ours(threading.excepthook)
 
 

@@ -13,12 +13,12 @@ and, for two or more files, ``compare.png``: throughput and speedup over the fir
 the samples processed over wall time. When the scripts logged values (``mxlbbsp.log``),
 ``scalars.png`` draws each of them against wall time and against iterations, one line per
 run (per iteration, the batch-weighted mean over the workers that logged it:
-:func:`mxlbbsp.metrics.combine_scalars`, as ``--tensorboard`` writes it). Each run's section
-lists the diagnoses of :func:`mxlbbsp.metrics.diagnose`, the launcher's end-of-job notes. Up to :data:`AGGREGATE_ABOVE` workers every worker is
+:func:`mxlbbsp.core.metrics.combine_scalars`, as ``--tensorboard`` writes it). Each run's section
+lists the diagnoses of :func:`mxlbbsp.core.metrics.diagnose`, the launcher's end-of-job notes. Up to :data:`AGGREGATE_ABOVE` workers every worker is
 a line in its own colour (the same colour for the same rank in every plot); above that the
 plots show the median over workers and the min-max and quartile bands instead.
 
-The numbers of the tables come from :func:`mxlbbsp.metrics.summarize` and leave out the
+The numbers of the tables come from :func:`mxlbbsp.core.metrics.summarize` and leave out the
 warm-up iterations; so do the timing plots (iteration 0 builds graphs and is 10-100x slower).
 
 matplotlib is imported on first use (Agg canvas, no pyplot: nothing global is changed);
@@ -36,8 +36,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import metrics
-from . import modes as _modes
+from mxlbbsp import modes as _modes
+from mxlbbsp.core import metrics
 
 __all__ = ["write_report", "ReportError", "InputError", "OutputError", "AGGREGATE_ABOVE"]
 
@@ -912,7 +912,7 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
     if diagnoses:
         out.append("<h3>Diagnosis</h3><ul>" + "".join(
             f"<li>{html.escape(d)}</li>" for d in diagnoses) + "</ul>")
-    out.append(f'<h3>Summary</h3><p class="meta">From <code>mxlbbsp.metrics.summarize</code>, '
+    out.append(f'<h3>Summary</h3><p class="meta">From <code>mxlbbsp.core.metrics.summarize</code>, '
                f"{_warmup_text(run.skip)}.</p>")
     head = ["worker", "iterations", "mean batch", f"mean compute ({unit[1]})",
             f"mean wait ({unit[1]})", "wait share", "mean speed (samples/s)"]

@@ -37,9 +37,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import metrics as _metrics
-from . import predictors as _pred
-from . import signals as _signals
+from mxlbbsp import predictors as _pred
+from mxlbbsp.core import metrics as _metrics
+from mxlbbsp.core import signals as _signals
 
 COLUMNS = ("iteration", "rank", "speed", "cpu_percent", "mem_percent")
 MIN_ROWS = 3 + max(_pred.narx.D_Y, _pred.narx.D_X, _pred.ar.P_ORDER)

@@ -1,7 +1,7 @@
 """The coordinator: collects per-iteration reports, predicts speeds, splits the next batch.
 
 It runs on the launch node, inside ``mxlbbsp launch`` (a thread with its own asyncio loop),
-and speaks :mod:`mxlbbsp.protocol` with the workers. Per iteration t, once all n reports of t
+and speaks :mod:`mxlbbsp.core.protocol` with the workers. Per iteration t, once all n reports of t
 are in:
 
 1. every worker's observed speed (samples/s of its compute phase) and its host's CPU and
@@ -31,12 +31,14 @@ from typing import Dict, List, Optional, TextIO
 
 import numpy as np
 
-from . import balancer as _bal
-from . import metrics as _metrics
-from . import modes as _modes
-from . import predictors as _pred
-from . import protocol as P
-from . import signals as _signals
+from mxlbbsp import modes as _modes
+from mxlbbsp import predictors as _pred
+from mxlbbsp.core import metrics as _metrics
+from mxlbbsp.core import protocol as P
+from mxlbbsp.core import signals as _signals
+from mxlbbsp.core import split as _split
+from mxlbbsp.core import timemodel as _tm
+from mxlbbsp.core.store import load_object_state, object_state, save_coordinator
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ class AutoRegime:
         self.times = np.full((PROBE, num_workers), np.nan)
         self.batches = np.full((PROBE, num_workers), np.nan)
 
-    def equal_split(self, fit: _bal.AffineFit, batch: np.ndarray,
+    def equal_split(self, fit: _tm.AffineFit, batch: np.ndarray,
                     compute: Optional[np.ndarray] = None) -> bool:
         """Update the regime with the fit after this iteration (batch sizes ``batch``,
         compute times ``compute``: without them no probe); True when the workers count as
@@ -299,7 +301,6 @@ class Coordinator:
 
     def __init__(self, config: CoordinatorConfig):
         self.config = config
-        n = config.num_workers
         self.failure: Optional[str] = None           # fatal problem; the job must stop
         self.failure_kind: Optional[str] = None      # "config" (bad input) or "runtime"
         self.failed_at: float = 0.0
@@ -309,7 +310,7 @@ class Coordinator:
         self._fresh_balancing()
         # auto time model: prefer the equal split whenever an uneven one does not gain the
         # threshold (see balancer.Balancer._prefer_equal)
-        self._balancer = _bal.Balancer(config.threshold, config.min_batch or 1,
+        self.balancer = _split.Balancer(config.threshold, config.min_batch or 1,
                                        config.max_batch,
                                        prefer_equal=config.time_model == "auto")
         self._tensorboard = None                     # tensorboardX writer, at the first record
@@ -352,7 +353,6 @@ class Coordinator:
 
     def state_dict(self) -> dict:
         """What balancing needs to continue without re-learning (JSON-serialisable)."""
-        from .checkpoint import object_state
         return {"iteration": self._iteration, "num_workers": self.config.num_workers,
                 "predictor_name": self.config.predictor,
                 "predictor": self._predictor.state_dict(), "fit": object_state(self._fit),
@@ -382,7 +382,7 @@ class Coordinator:
         if getattr(_pred.predictor_class(cfg.predictor), "needs_schedules", False):
             options["schedules"] = cfg.slowdown
         self._predictor = _pred.create(cfg.predictor, n, max(len(cfg.exog), 1), **options)
-        self._fit = _bal.AffineFit(n)
+        self._fit = _tm.AffineFit(n)
         self._regime = AutoRegime(n)                 # --time-model auto
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -396,7 +396,6 @@ class Coordinator:
             self._totals.load(state["totals"])
         if state.get("num_workers") != self.config.num_workers:
             return
-        from .checkpoint import load_object_state
         try:
             if state.get("predictor_name") == self.config.predictor:
                 self._predictor.load_state_dict(state["predictor"])
@@ -415,7 +414,6 @@ class Coordinator:
     def _maybe_checkpoint(self, t: int) -> None:
         cfg = self.config
         if cfg.checkpoint_dir and cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0:
-            from .checkpoint import save_coordinator
             try:
                 save_coordinator(cfg.checkpoint_dir, t, self.state_dict())
             except (OSError, ValueError) as exc:
@@ -492,7 +490,7 @@ class Coordinator:
 
     def summary(self) -> Optional[dict]:
         """The run's figures over the records written so far, warm-up left out, exactly as
-        ``mxlbbsp report`` computes them from the metrics file (:class:`mxlbbsp.metrics.Totals`);
+        ``mxlbbsp report`` computes them from the metrics file (:class:`mxlbbsp.core.metrics.Totals`);
         None before the first record after the warm-up."""
         return self._totals.summary()
 
@@ -623,7 +621,15 @@ class Coordinator:
             self._fail(f"worker {rank} lost its connection to the coordinator before it "
                        "finished", fatal_for_workers=False)
 
-    def _send(self, rank: int, msg: dict) -> None:
+    # ---- the policies' view of the coordinator (mxlbbsp.modes.Control) ---------------------
+
+    @property
+    def current_split(self) -> Optional[np.ndarray]:
+        """The split in force: the per-worker batch sizes of the latest iteration planned."""
+        return self._sizes
+
+    def send(self, rank: int, msg: dict) -> None:
+        """One message to worker ``rank`` (dropped when it is gone)."""
         w = self._writers.get(rank)
         if w is not None and not w.is_closing():
             w.write(P.encode(msg))
@@ -634,11 +640,11 @@ class Coordinator:
             if not w.is_closing():
                 w.write(data)
 
-    def _send_allocation(self, iteration: int, sizes) -> None:
-        """Every worker its own slice of the global batch (O(n) bytes in all)."""
-        total = int(sum(sizes))
+    def send_split(self, iteration: int, split) -> None:
+        """Every worker its own slice of ``split``, iteration's global batch (O(n) bytes)."""
+        total = int(sum(split))
         offset = 0
-        for rank, size in enumerate(sizes):
+        for rank, size in enumerate(split):
             size = int(size)
             w = self._writers.get(rank)
             if w is not None and not w.is_closing():
@@ -728,13 +734,13 @@ class Coordinator:
             caps = [self.config.max_batch if c is None else min(c, self.config.max_batch)
                     for c in caps]
         if all(c is not None for c in caps):
-            self._balancer.max_batch = np.array(caps, dtype=np.int64)
+            self.balancer.max_batch = np.array(caps, dtype=np.int64)
             if sum(caps) < B:
                 return (f"the workers' maximum batch sizes ({', '.join(map(str, caps))}) add up "
                         f"to less than the global batch size {B}; raise --max-batch-size or "
                         "use more workers")
         elif any(c is not None for c in caps):
-            self._balancer.max_batch = np.array([B if c is None else c for c in caps],
+            self.balancer.max_batch = np.array([B if c is None else c for c in caps],
                                                 dtype=np.int64)
         return None
 
@@ -750,7 +756,7 @@ class Coordinator:
         msg["time"] = time.time()
         if msg.get("batchnorm") and self.config.min_batch is None and self._hellos:
             # the model has BatchNorm layers: keep its statistics sane (auto_min_batch)
-            self._balancer.min_batch = max(self._balancer.min_batch, auto_min_batch(
+            self.balancer.min_batch = max(self.balancer.min_batch, auto_min_batch(
                 int(self._hellos[0]["global_batch_size"]), self.config.num_workers, True))
         if t > self._last_report.get(rank, -1):
             self._last_report[rank] = t
@@ -806,17 +812,17 @@ class Coordinator:
             marginal = self._predictor.predict()
             bad = ~(np.isfinite(marginal) & (marginal > 0))
             marginal = np.where(bad, batch / (compute - fixed), marginal)
-            model = _bal.TimeModel(marginal, fixed)
+            model = _tm.TimeModel(marginal, fixed)
 
         if next_B is None:
             return
         current = self._sizes
         if current is not None and int(current.sum()) != next_B:
-            current = _bal.rescale(current, next_B)
-        self._balancer.decision = ""
+            current = _split.rescale(current, next_B)
+        self.balancer.decision = ""
         try:
             sizes = self._policy.plan(t, model, next_B, current)
-        except _bal.AllocationError as exc:
+        except _split.AllocationError as exc:
             self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
             return
         if self._policy.sends:
@@ -828,10 +834,10 @@ class Coordinator:
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
                       t + 1, _shown(self._sizes), int(self._sizes.sum()),
                       _shown(self._predicted[t + 1]),
-                      self._balancer.decision or f"{self.config.sync}'s own split")
+                      self.balancer.decision or f"{self.config.sync}'s own split")
         self._predictor.learn()     # training, after the broadcast: off the critical path
 
-    def _equal_model(self, batch, compute) -> _bal.TimeModel:
+    def _equal_model(self, batch, compute) -> _tm.TimeModel:
         """``auto`` while the fixed cost dominates (tiny models) and no worker is clearly
         slower: every worker the same line t(b) = a + c b, so the equal split. c is the
         job's robust pooled slope (AffineFit.pooled_slope; a non-positive one, time that
@@ -849,7 +855,7 @@ class Coordinator:
         slope = min(max(slope, floor), float(np.min(mean_t / mean_b)))
         level = float(np.median(np.maximum(mean_t - slope * mean_b, 0.0)))
         n = len(mean_b)
-        return _bal.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
+        return _tm.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
 
     def _on_log(self, rank: int, msg: dict) -> None:
         """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""
@@ -885,7 +891,7 @@ class Coordinator:
 
     def _record(self, t: int, rank: int, report: dict, done: Optional[dict],
                 scalars: Optional[dict] = None) -> dict:
-        """The metrics record of worker ``rank`` at iteration ``t`` (fields: mxlbbsp.metrics)."""
+        """The metrics record of worker ``rank`` at iteration ``t`` (fields: mxlbbsp.core.metrics)."""
         batch, compute = report["batch_size"], report["compute_s"]
         done = done or {}
         predicted = self._predicted.get(t)

@@ -32,7 +32,7 @@ MXLBBSP_SLOWDOWN       slowdown emulation for this worker: "3", or "0:1,100:3,..
                        (iteration:factor change points); absent: no emulation
 MXLBBSP_SAMPLE_COST    compute emulation: seconds of extra compute per sample, slept in the
                        compute phase (before any slowdown factor); absent: none
-MXLBBSP_SIGNALS        the report columns this worker reads (mxlbbsp.signals.COLUMNS), comma-
+MXLBBSP_SIGNALS        the report columns this worker reads (mxlbbsp.core.signals.COLUMNS), comma-
                        separated; empty: none; absent: signals.AUTO (launcher --signals)
 MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecustomize.py,
                        which reads it itself: it imports nothing of mxlbbsp)
@@ -50,6 +50,17 @@ import os
 import socket
 import sys
 from typing import Mapping, Optional, Tuple
+
+from mxlbbsp.core import lr as _lr
+
+#: mxlbbsp's version (``mxlbbsp.__version__``, ``mxlbbsp --version``)
+VERSION = "0.1.0"
+
+#: what to do when MXNet is missing: mxlbbsp depends on no MXNet build (the CPU wheel and the
+#: CUDA builds are different distributions of the one ``mxnet`` module)
+NO_MXNET = ("mxlbbsp needs MXNet in this Python, and none is installed: pip install "
+            "mxnet==1.9.1 for the CPU build (mxlbbsp's extra cpu), or one of MXNet's CUDA "
+            "builds for GPUs (e.g. pip install mxnet-cu112)")
 
 ROLE = "DMLC_ROLE"
 PS_ROOT_URI = "DMLC_PS_ROOT_URI"
@@ -106,18 +117,18 @@ def refuse(exc) -> SystemExit:
     return SystemExit(2)
 
 
-def _get(env: Optional[Mapping[str, str]], name: str) -> Optional[str]:
+def get(env: Optional[Mapping[str, str]], name: str) -> Optional[str]:
     value = (os.environ if env is None else env).get(name)
     return value if value not in (None, "") else None
 
 
 def role(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """DMLC_ROLE, or None when this is a plain single process."""
-    return _get(env, ROLE)
+    return get(env, ROLE)
 
 
 def _int(env, name: str, default: Optional[int] = None) -> int:
-    raw = _get(env, name)
+    raw = get(env, name)
     if raw is None:
         if default is None:
             raise EnvError(f"{name} is not set; start the job with `mxlbbsp launch`")
@@ -148,25 +159,9 @@ def local_size(env: Optional[Mapping[str, str]] = None) -> int:
     return _int(env, LOCAL_SIZE, 1)
 
 
-def sync(env: Optional[Mapping[str, str]] = None) -> str:
-    """MXLBBSP_SYNC (default: the first registered mode, lbbsp); a registered mode name."""
-    from . import modes
-    mode = _get(env, SYNC) or modes.DEFAULT
-    if mode not in modes.available():
-        raise EnvError(f"{SYNC}={mode!r}: not a sync mode; expected one of "
-                       f"{', '.join(modes.available())} (`mxlbbsp launch --sync` sets it)")
-    return mode
-
-
-def kvstore_type(mode: str) -> str:
-    """The MXNet kvstore a sync mode runs on."""
-    from . import modes
-    return modes.get(mode).kvstore
-
-
 def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int]]:
     """MXLBBSP_COORDINATOR as (host, port), or None outside a launched job."""
-    raw = _get(env, COORDINATOR)
+    raw = get(env, COORDINATOR)
     if raw is None:
         return None
     host, sep, port = raw.rpartition(":")
@@ -177,27 +172,22 @@ def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, 
 
 def token(env: Optional[Mapping[str, str]] = None) -> str:
     """MXLBBSP_TOKEN (default empty)."""
-    return _get(env, TOKEN) or ""
+    return get(env, TOKEN) or ""
 
 
 def host(env: Optional[Mapping[str, str]] = None) -> str:
     """MXLBBSP_HOST, defaulting to this machine's host name."""
-    return _get(env, HOST) or socket.gethostname()
-
-
-def local_rank(env: Optional[Mapping[str, str]] = None) -> int:
-    """This worker's number among the job's workers on its host (e.g. the GPU it takes)."""
-    return _int(env, LOCAL_RANK, 0)
+    return get(env, HOST) or socket.gethostname()
 
 
 def slowdown(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """MXLBBSP_SLOWDOWN, unparsed (see :mod:`mxlbbsp.slowdown`)."""
-    return _get(env, SLOWDOWN)
+    """MXLBBSP_SLOWDOWN, unparsed (see :mod:`mxlbbsp.core.slowdown`)."""
+    return get(env, SLOWDOWN)
 
 
 def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
     """MXLBBSP_SAMPLE_COST in seconds per sample (default 0)."""
-    raw = _get(env, SAMPLE_COST)
+    raw = get(env, SAMPLE_COST)
     if raw is None:
         return 0.0
     try:
@@ -211,7 +201,7 @@ def sample_cost(env: Optional[Mapping[str, str]] = None) -> float:
 
 def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]:
     """MXLBBSP_STALL_FLOORS as (start-up floor, running floor) in seconds."""
-    raw = _get(env, STALL_FLOORS)
+    raw = get(env, STALL_FLOORS)
     if raw is None:
         return DEFAULT_STALL_FLOORS
     try:
@@ -224,22 +214,21 @@ def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]
 
 
 def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
-    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.courier.LR_SCALING`."""
-    from .courier import LR_SCALING as rules
-    rule = _get(env, LR_SCALING) or "linear"
-    if rule not in rules:
-        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(rules)}")
+    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.core.lr.LR_SCALING`."""
+    rule = get(env, LR_SCALING) or "linear"
+    if rule not in _lr.LR_SCALING:
+        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(_lr.LR_SCALING)}")
     return rule
 
 
 def batch_schedule(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_BATCH_SCHEDULE: a metrics file to replay the global batches of, or None."""
-    return _get(env, BATCH_SCHEDULE)
+    return get(env, BATCH_SCHEDULE)
 
 
 def checkpoint_dir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_CHECKPOINT_DIR, or None: no periodic checkpoints."""
-    return _get(env, CHECKPOINT_DIR)
+    return get(env, CHECKPOINT_DIR)
 
 
 def checkpoint_every(env: Optional[Mapping[str, str]] = None) -> int:
@@ -249,7 +238,7 @@ def checkpoint_every(env: Optional[Mapping[str, str]] = None) -> int:
 
 def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_RESUME: the checkpoint folder this job continues from, or None."""
-    return _get(env, RESUME)
+    return get(env, RESUME)
 
 
 def checkpoint_env(directory: Optional[str], every: int, resume_from: Optional[str]) -> dict:

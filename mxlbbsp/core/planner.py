@@ -16,7 +16,8 @@ workers' predicted speeds change. :class:`BatchPlanner` adds a safety margin fro
 measured spread of iteration times, and hysteresis with a bound on changes per epoch, so that
 B moves only when a prediction says it must.
 
-Pure numpy, no MXNet: used by the coordinator, by ``mxlbbsp plan`` and by tests.
+Pure numpy, no MXNet: used by the Courier mode's policy, by ``mxlbbsp plan`` and by tests.
+The replay of a job's recorded global batches (:func:`schedule_from_metrics`) is here too.
 """
 from __future__ import annotations
 
@@ -29,16 +30,10 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from . import balancer as _bal
+from mxlbbsp.core import split as _split
+from mxlbbsp.core import timemodel as _tm
 
 _log = logging.getLogger(__name__)
-
-#: how the learning rate follows the global batch: lr(B) = lr0 * factor(B / B0)
-LR_SCALING = {
-    "linear": lambda ratio: ratio,           # Goyal et al. 2017
-    "sqrt": lambda ratio: math.sqrt(ratio),  # Krizhevsky 2014; Hoffer et al. 2017
-    "none": lambda ratio: 1.0,
-}
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])", re.IGNORECASE)
@@ -158,7 +153,7 @@ class Row(NamedTuple):
     meets: bool             # finish_s <= the time left (True when there is no deadline)
 
 
-def plan(model: _bal.TimeModel, sync_s: float, work: Work, batches: Sequence[int],
+def plan(model: _tm.TimeModel, sync_s: float, work: Work, batches: Sequence[int],
          time_left: Optional[float] = None, max_batch=None) -> List[Row]:
     """The predicted iteration and finish times of each candidate global batch.
 
@@ -172,9 +167,9 @@ def plan(model: _bal.TimeModel, sync_s: float, work: Work, batches: Sequence[int
     def iteration_s(b: int) -> float:
         if b not in cache:
             try:
-                split = _bal.allocate(model, b, 1, max_batch)
-                cache[b] = _bal.makespan(model, split) + max(float(sync_s), 0.0)
-            except _bal.AllocationError:
+                split = _split.allocate(model, b, 1, max_batch)
+                cache[b] = _tm.makespan(model, split) + max(float(sync_s), 0.0)
+            except _split.AllocationError:
                 cache[b] = math.inf
             if b < n:
                 cache[b] = math.inf
@@ -279,13 +274,13 @@ class BatchPlanner:
 
     # ---- choosing ----------------------------------------------------------------------
 
-    def initial(self, model: _bal.TimeModel, sync_s: float, work: Work,
+    def initial(self, model: _tm.TimeModel, sync_s: float, work: Work,
                 time_left: float, max_batch=None) -> int:
         """The first batch (from a profile, or the smallest when nothing is known yet)."""
         self.current = None
         return self.update(model, sync_s, work, time_left, max_batch, force=True)
 
-    def update(self, model: _bal.TimeModel, sync_s: float, work: Work, time_left: float,
+    def update(self, model: _tm.TimeModel, sync_s: float, work: Work, time_left: float,
                max_batch=None, force: bool = False, epoch: Optional[int] = None) -> int:
         """The global batch for the next iteration (``epoch``: the one it belongs to)."""
         if epoch != self._epoch:
@@ -343,38 +338,10 @@ class BatchPlanner:
         return math.nan
 
 
-def iteration_time(model: _bal.TimeModel, sync_s: float, batch: int, max_batch=None) -> float:
+def iteration_time(model: _tm.TimeModel, sync_s: float, batch: int, max_batch=None) -> float:
     """The predicted time of one iteration of global batch ``batch`` (inf: no split)."""
     return plan(model, sync_s, Work(0, int(batch), 0.0), [int(batch)], None,
                 max_batch)[0].iteration_s
-
-
-#: above this learning-rate factor, momentum (the update's memory of earlier, smaller steps)
-#: makes a linearly scaled step much larger than the rule intends (Goyal et al. 2017 warm up
-#: for it): warned once per worker
-MOMENTUM_FACTOR = 4.0
-_momentum_warned = set()
-
-
-def momentum_warning(momentum: float, factor: float) -> Optional[str]:
-    """The warning when momentum and a large learning-rate factor meet, else None."""
-    if momentum and momentum > 0 and factor >= MOMENTUM_FACTOR:
-        return (f"the learning rate is scaled {factor:.1f}x with the global batch "
-                f"(--lr-scaling) while SGD momentum is {momentum:g}: with momentum a large "
-                "factor overshoots (the step carries the earlier, smaller steps); if the loss "
-                "jumps, use --lr-scaling sqrt, a narrower --batch-range, or less momentum")
-    return None
-
-
-def warn_momentum(optimizer, factor: float) -> None:
-    """Logs :func:`momentum_warning` once per optimizer (a worker's one-time line)."""
-    key = id(optimizer)
-    if key in _momentum_warned:
-        return
-    text = momentum_warning(float(getattr(optimizer, "momentum", 0.0) or 0.0), factor)
-    if text:
-        _momentum_warned.add(key)
-        _log.warning(text)
 
 
 def launch_clock() -> float:
@@ -395,81 +362,10 @@ def launch_clock() -> float:
     return time.monotonic() - max(age, 0.0)
 
 
-#: the least relative spread of a worker's batch sizes that separates fixed and per-sample cost
-MIN_SPREAD = 0.1
-
-
-def fit_time_models(records: Sequence[dict], skip: int = 1) -> tuple:
-    """Per-worker time models and the push/pull time from a metrics log (a profiling run).
-
-    Returns (ranks, TimeModel, sync_s). Each worker's compute time is fitted as
-    a + b / v by least squares over its records; ``sync_s`` is the median of the records'
-    ``sync_s`` (0 when none). The first ``skip`` iterations (graph building) are left out.
-
-    A worker whose batch sizes vary by less than ``MIN_SPREAD`` (relative standard
-    deviation), or for less than ``MIN_SPREAD`` of its records (an epoch's short last batch
-    at one fixed B), cannot have its fixed cost told from its per-sample cost: assuming none
-    overstates the cost of a sample (a B=16 profile put a 3x slower worker at 10x), so that
-    is a :class:`PlanError` asking for a profile with varied batch sizes (e.g. the records
-    of two short runs at different global batches, pooled).
-    """
-    rows = {}
-    syncs = []
-    for rec in records:
-        if int(rec["iteration"]) < skip:
-            continue
-        b, c = rec.get("batch_size"), rec.get("compute_s")
-        if not (isinstance(b, (int, float)) and isinstance(c, (int, float)) and b > 0 and c > 0):
-            continue
-        rows.setdefault(int(rec["rank"]), []).append((float(b), float(c)))
-        s = rec.get("sync_s")
-        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
-            syncs.append(float(s))
-    if not rows:
-        raise PlanError(f"no usable records after iteration {skip - 1}: run the profiling job "
-                        "for more iterations")
-    ranks = sorted(rows)
-    speed, intercept, flat, noisy = [], [], [], []
-    for r in ranks:
-        data = np.array(rows[r])
-        b, t = data[:, 0], data[:, 1]
-        a, v = 0.0, float(np.sum(b) / np.sum(t))
-        # varied: a spread of MIN_SPREAD, and not only from a few odd records (the short
-        # last batch of each epoch alone is not a second batch size)
-        off = np.mean(np.abs(b - np.median(b)) >= MIN_SPREAD * np.median(b))
-        if len(b) < 4 or np.std(b) / np.mean(b) < MIN_SPREAD or off < MIN_SPREAD:
-            flat.append(f"rank {r}: {np.median(b):.0f} in {100 * (1 - off):.0f}%")
-        else:
-            slope, icpt = np.polyfit(b, t, 1)
-            if slope > 0 and 0 <= icpt < t.min():
-                a, v = float(icpt), float(1.0 / slope)
-            elif slope > 0 and icpt < 0:
-                # no fixed cost to see: the least-squares line through 0
-                v = float(np.sum(b * b) / np.sum(b * t))
-            else:
-                noisy.append(f"rank {r}")
-        speed.append(v)
-        intercept.append(a)
-    if flat:
-        raise PlanError(
-            f"the profile's batch sizes barely vary (local batch {', '.join(flat[:3])}"
-            f"{', ...' if len(flat) > 3 else ''} of its records), so the fixed cost per iteration "
-            "cannot be told from the per-sample cost; profile at two global batch sizes "
-            "(e.g. two short runs at B and 4B) and give both metrics files")
-    if noisy:
-        raise PlanError(
-            f"the compute time of {', '.join(noisy[:3])}{', ...' if len(noisy) > 3 else ''} "
-            "does not grow with its batch size in the profile (timing noise swamps the "
-            "per-sample cost), so its speed cannot be fitted; profile for more iterations, "
-            "at batch sizes further apart, on a quieter machine")
-    model = _bal.TimeModel(np.array(speed), np.array(intercept))
-    return ranks, model, float(np.median(syncs)) if syncs else 0.0
-
-
 def schedule_from_metrics(path: str) -> List[int]:
     """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
     the workers' batches of each iteration), for a single process to replay them."""
-    from . import metrics as _metrics
+    from mxlbbsp.core import metrics as _metrics
     totals = {}
     for rec in _metrics.load(path):
         t = int(rec["iteration"])

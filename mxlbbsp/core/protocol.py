@@ -8,7 +8,7 @@ worker -> coordinator
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
              next_global_batch[, others_cpu, ctx_invol, run_delay, cpu_pressure, steal,
              runq, others_cpu_tail, run_delay_tail, cpu_pressure_tail]}                   sent when iteration t's gradients are ready; the
-                                      optional contention signals: mxlbbsp.signals; the
+                                      optional contention signals: mxlbbsp.core.signals; the
                                       first also carries the trainer's momentum (when its
                                       optimizer has one) and batchnorm (true/false)
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull

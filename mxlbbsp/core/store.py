@@ -21,11 +21,13 @@ A checkpoint is written into ``DIR/.tmp-...``, every file fsynced, then renamed 
 that is ignored (and removed by the next write), never a half checkpoint under a real name.
 Only folders with a readable manifest count (:func:`latest`). The two newest are kept.
 
-Every worker holds the same model and optimizer state (see :mod:`mxlbbsp.trainer`), so rank
+Every worker holds the same model and optimizer state (see :mod:`mxlbbsp.worker.trainer`), so rank
 0's copy is the job's. The data order depends only on (seed, epoch, iteration), so a job
 resumed from iteration k continues exactly, on any number of workers.
 
-This module imports MXNet only inside :func:`save_trainer` and :func:`load_trainer`.
+This module is the store: atomic writes, the manifest, the coordinator's state and
+objects' state. The worker's half (saving and loading a trainer, with MXNet) is
+:mod:`mxlbbsp.worker.checkpoint`.
 """
 from __future__ import annotations
 
@@ -33,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from typing import Dict, List, Optional
 
@@ -236,99 +237,3 @@ def load_object_state(obj, state: dict) -> None:
                 current.bit_generator.state = entry["rng"]
         else:
             setattr(obj, key, entry["value"])
-
-
-# ---- worker side (MXNet) ------------------------------------------------------------------
-
-def _signature(params) -> List[list]:
-    return [[p.name, [int(d) for d in (p.shape or ())]] for p in params]
-
-
-def save_trainer(trainer, directory: str, final: bool = False) -> str:
-    """Rank 0's checkpoint after the last ``trainer.step()``: see the module docstring.
-    ``final``: the job ended normally after this iteration (its manifest says so: a job
-    started from it has nothing to do)."""
-    from . import session as _session
-    sess = _session.current()
-    if sess is None or sess.iteration < 0:
-        raise CheckpointError("save_checkpoint() needs at least one trainer.step() on batches "
-                              "from an mxlbbsp.DataLoader")
-    if trainer._kvstore is not None and trainer._update_on_kvstore:
-        raise CheckpointError("checkpoints need the optimizer on the workers "
-                              "(update_on_kvstore=False); --sync asp updates on the servers")
-    t = sess.iteration
-    length = getattr(sess, "epoch_length", None)
-    arrays = {f"p{i}": p.data().asnumpy() for i, p in enumerate(trainer._params)}
-    manifest = {
-        "global_batch_size": sess.global_batch_size,
-        "dataset_size": getattr(sess, "dataset_size", None),
-        "epoch_length": length,
-        "epoch": (t + 1) // length if length else None,
-        "index_in_epoch": (t + 1) % length if length else None,
-        "num_workers": sess.num_workers,
-        "sync": sess.sync,
-        "params": _signature(trainer._params),
-    }
-    if final:
-        manifest["final"] = True
-    def write_params(path):
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
-
-    files = {"params.npz": write_params,
-             "optimizer.pkl": trainer._updaters[0].get_states(dump_optimizer=True)}
-    return write_checkpoint(directory, t, files, manifest)
-
-
-def _fail(message: str):
-    """A checkpoint that does not fit: one line, exit 2 (the launcher names the worker)."""
-    sys.stderr.write(f"mxlbbsp: error: {message}\n")
-    sys.stderr.flush()
-    raise SystemExit(2)
-
-
-def load_trainer(trainer, path: str) -> None:
-    """Load parameters and optimizer state from checkpoint ``path`` into ``trainer``."""
-    from mxnet import nd
-    try:
-        manifest = read_manifest(path)
-    except CheckpointError as exc:
-        _fail(str(exc))
-    saved = manifest["params"]
-    mine = _signature(trainer._params)
-    same = len(saved) == len(mine) and all(
-        a[0] == b[0] and (not b[1] or 0 in b[1] or a[1] == b[1]) for a, b in zip(saved, mine))
-    if not same:
-        diff = next((f"{a} vs {b}" for a, b in zip(saved, mine) if a != b),
-                    f"{len(saved)} vs {len(mine)} parameters")
-        _fail(f"--resume {path}: the checkpoint holds a different model (saved vs this "
-              f"script: {diff}); resume with the script and model that wrote it")
-    with np.load(os.path.join(path, "params.npz")) as data:
-        for i, p in enumerate(trainer._params):
-            value = data[f"p{i}"]
-            p._load_init(nd.array(value, dtype=value.dtype), None)
-    with open(os.path.join(path, "optimizer.pkl"), "rb") as f:
-        states = f.read()
-    for updater in trainer._updaters:
-        updater.set_states(states)
-        updater.optimizer = trainer._updaters[0].optimizer
-    trainer._optimizer = trainer._updaters[0].optimizer
-    trainer._optimizer.param_dict = {i: p for i, p in enumerate(trainer._params)}
-
-
-def loader_start(path: str, global_batch_size: int, dataset_size: int, epoch_length: int) -> int:
-    """The first iteration a resumed DataLoader runs (checks that the data is the same)."""
-    try:
-        m = read_manifest(path)
-    except CheckpointError as exc:
-        _fail(str(exc))
-    if m["global_batch_size"] != global_batch_size or \
-            m.get("dataset_size") not in (None, dataset_size) or \
-            m.get("epoch_length") not in (None, epoch_length):
-        from . import _env
-        if _env.coordinator() is not None:
-            return 0        # the coordinator refuses the job at registration, in one line
-        _fail(f"--resume {path}: the checkpoint was written with a global batch size of "
-              f"{m['global_batch_size']} on {m.get('dataset_size')} samples, this job has "
-              f"{global_batch_size} on {dataset_size}; resume with the same data and batch size")
-    return int(m["iteration"]) + 1

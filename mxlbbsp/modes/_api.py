@@ -2,40 +2,81 @@
 
 A sync mode says how the workers of a job keep in step. It has two sides:
 
-coordinator side (:class:`CoordinatorPolicy`, one instance per job, inside the coordinator)
+coordinator side (:class:`CoordinatorPolicy`, one instance per job, inside the coordinator,
+which it sees through :class:`Control`)
     ``validate``     extra checks of the workers' hellos (after the common ones)
-    ``first_split``  the allocation of iteration 0 (sent in ``welcome``)
+    ``first_split``  the split of iteration 0 (sent in ``welcome``)
     ``warmup``       what to do with iteration t's reports while warming up (t < warmup)
     ``plan``         once all n reports of t are in: the split of iteration t+1. A policy that
-                     ``sends`` allocations sends it itself (:meth:`Coordinator.send_allocation`),
+                     ``sends`` splits sends it itself (:meth:`Control.send_split`),
                      and may choose its total, the global batch B(t+1), itself: the workers
                      follow ``total`` of the ``alloc`` message
     ``on_report``    one worker's report, as it arrives
     ``on_message``   messages of the mode's own (e.g. r2sp's ``request``)
     ``on_done`` / ``on_bye``  a worker finished an iteration / its training loop
 
-worker side (:class:`SyncMode`, methods taking the worker's :class:`~mxlbbsp.session.Session`)
+worker side (:class:`SyncMode`, methods taking the worker's session as :class:`WorkerSession`)
     ``kvstore``             the MXNet kvstore type (dist_sync or dist_async)
     ``follows_allocations`` whether the worker waits for the coordinator's split from
                             iteration 1 on (else it cuts the equal split by itself)
     ``normalisers``         (N(t), N0): the gradient normaliser of this step and the nominal
-                            one baked into the servers' optimizer (see :mod:`mxlbbsp.trainer`)
+                            one baked into the servers' optimizer (see :mod:`mxlbbsp.worker.trainer`)
     ``before_push``         anything to wait for between the gradients and the push
 
-Nothing here imports MXNet: the trainer (which does) calls the worker side.
+The split: the per-worker batch sizes of one iteration (they sum to its global batch B(t));
+the one word for it everywhere. Nothing here imports MXNet: the trainer (which does) calls
+the worker side.
 """
 from __future__ import annotations
 
-import abc
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Type
+from typing import ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
 
 import numpy as np
 
-from .. import balancer as _bal
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import split as _split
+from mxlbbsp.core import timemodel as _tm
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..coordinator import Coordinator
-    from ..session import Session
+
+class ControlConfig(Protocol):
+    """The job's settings a policy reads (the coordinator's ``CoordinatorConfig``)."""
+    num_workers: int
+    #: iterations before the predictor and the fit are learnt from
+    warmup: int
+    sync: str
+
+
+class Control(Protocol):
+    """The coordinator as a mode's policy sees it: what it may read and what it may do.
+
+    :class:`mxlbbsp.control.coordinator.Coordinator` implements it; a policy imports neither
+    that class nor anything of the control layer.
+    """
+    config: ControlConfig
+    #: the job's fatal problem, once there is one (then the policy stops granting)
+    failure: Optional[str]
+    #: the split solver with the job's bounds: ``allocate(model, B, current)``, ``max_batch``
+    balancer: _split.Balancer
+
+    @property
+    def current_split(self) -> Optional[np.ndarray]:
+        """The split of the latest iteration planned (None before the first)."""
+
+    def send_split(self, iteration: int, split) -> None:
+        """Send every worker its slice of ``split``, the split of ``iteration``."""
+
+    def send(self, rank: int, msg: dict) -> None:
+        """Send one protocol message (:mod:`mxlbbsp.core.protocol`) to worker ``rank``."""
+
+
+class WorkerSession(Protocol):
+    """The worker's session as a mode's worker half sees it
+    (:class:`mxlbbsp.worker.session.Session` implements it)."""
+    num_workers: int
+    global_batch_size: int
+    #: the global batch B(t) and this worker's local batch b_i(t) of the current iteration
+    batch_global: int
+    batch_local: int
 
 
 class UnknownMode(ValueError):
@@ -48,7 +89,7 @@ class CoordinatorPolicy:
     #: whether this policy sends ``alloc`` messages (then the workers wait for them)
     sends = False
 
-    def __init__(self, coordinator: "Coordinator", options: Optional[dict] = None):
+    def __init__(self, coordinator: Control, options: Optional[dict] = None):
         self.coordinator = coordinator
         self.num_workers = coordinator.config.num_workers
         self.options = dict(options or {})
@@ -58,19 +99,19 @@ class CoordinatorPolicy:
         return None
 
     def first_split(self, global_batch: int) -> np.ndarray:
-        return _bal.equal_split(global_batch, self.num_workers)
+        return _split.equal_split(global_batch, self.num_workers)
 
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
         """Iteration t < warmup: not learnt from. Returns the split in force for t+1."""
         return current
 
-    def plan(self, t: int, model: _bal.TimeModel, next_B: int,
+    def plan(self, t: int, model: _tm.TimeModel, next_B: int,
              current: Optional[np.ndarray]) -> np.ndarray:
         """The split of iteration t+1 (all n reports of t are in).
 
         May raise :class:`~mxlbbsp.balancer.AllocationError` (the job fails with its text).
         """
-        return _bal.equal_split(next_B, self.num_workers)
+        return _split.equal_split(next_B, self.num_workers)
 
     def on_report(self, rank: int, msg: dict) -> None:
         """Worker ``rank``'s report of ``msg['iteration']`` (its gradients are ready)."""
@@ -90,7 +131,7 @@ class CoordinatorPolicy:
         return {}
 
 
-class SyncMode(abc.ABC):
+class SyncMode:
     """One sync mode: its names, its worker side and its coordinator policy class."""
 
     name: ClassVar[str] = ""
@@ -131,7 +172,7 @@ class SyncMode(abc.ABC):
         return (f"{' and '.join(flags)}: {what} of --sync {self.name}, not of --sync {sync}; "
                 f"drop {'them' if len(flags) > 1 else 'it'} or use --sync {self.name}")
 
-    def normalisers(self, sess: "Session") -> Tuple[float, float]:
+    def normalisers(self, sess: WorkerSession) -> Tuple[float, float]:
         """(N(t), N0): synchronous modes normalise by the global batch B(t)."""
         return float(sess.batch_global), float(sess.global_batch_size)
 
@@ -139,7 +180,7 @@ class SyncMode(abc.ABC):
         """Extra environment variables of the mode for every worker (from its options)."""
         return {}
 
-    def before_push(self, sess: "Session") -> None:
+    def before_push(self, sess: WorkerSession) -> None:
         """Called once the gradients are ready and reported, before the push."""
 
 
@@ -166,6 +207,17 @@ def get(name: str) -> SyncMode:
     except (KeyError, TypeError):
         raise UnknownMode(f"unknown sync mode {name!r}; choose one of "
                           f"{', '.join(available())}") from None
+
+
+def from_env(env: Optional[Mapping[str, str]] = None) -> SyncMode:
+    """The mode of this worker: ``MXLBBSP_SYNC`` (default: the first registered mode).
+
+    Raises :class:`~mxlbbsp.core.env.EnvError` (one line) for a name no module registered."""
+    name = _env.get(env, _env.SYNC) or available()[0]
+    if name not in _REGISTRY:
+        raise _env.EnvError(f"{_env.SYNC}={name!r}: not a sync mode; expected one of "
+                            f"{', '.join(available())} (`mxlbbsp launch --sync` sets it)")
+    return _REGISTRY[name]
 
 
 def labels() -> Dict[str, str]:

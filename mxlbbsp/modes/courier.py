@@ -29,9 +29,11 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _env
-from .. import balancer as _bal
-from .. import courier as _courier
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import planner as _planner
+from mxlbbsp.core import split as _split
+
 from ._api import SyncMode, register
 from .lbbsp import LBBSPPolicy
 
@@ -51,10 +53,10 @@ class CourierPolicy(LBBSPPolicy):
         problem = Courier.check_options(opts)
         if problem:
             raise ValueError(problem)
-        self.deadline_s = _courier.parse_duration(opts["deadline"])
-        self.lo, self.hi = _courier.parse_batch_range(opts["batch_range"])
+        self.deadline_s = _planner.parse_duration(opts["deadline"])
+        self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
         self.epochs = float(opts["epochs"])
-        self.planner = _courier.BatchPlanner(self.lo, self.hi, every=int(opts["every"]))
+        self.planner = _planner.BatchPlanner(self.lo, self.hi, every=int(opts["every"]))
         #: the deadline counts from the launch: the launcher hands its start time over
         #: the clock the deadline is measured on (a test may hand in a simulated one)
         self.clock = time.monotonic
@@ -88,7 +90,7 @@ class CourierPolicy(LBBSPPolicy):
     def first_split(self, global_batch):
         B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
         self.totals[0] = B
-        return _bal.equal_split(B, self.num_workers)
+        return _split.equal_split(B, self.num_workers)
 
     # ---- iterations -------------------------------------------------------------------
 
@@ -110,8 +112,8 @@ class CourierPolicy(LBBSPPolicy):
 
     def warmup(self, t, next_B, current):
         B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _bal.rescale(current, B)
-        self.coordinator._send_allocation(t + 1, sizes)
+        sizes = _split.rescale(current, B)
+        self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         self._sent = None
         return sizes
@@ -119,7 +121,7 @@ class CourierPolicy(LBBSPPolicy):
     def plan(self, t, model, next_B, current):
         # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
         # epoch): the split in force is the coordinator's.
-        current = self.coordinator._sizes
+        current = self.coordinator.current_split
         now = self.clock()
         if self._sent is not None and self._sent[0] == t:
             self.planner.observe(now - self._sent[1], self._sent[2])
@@ -129,31 +131,31 @@ class CourierPolicy(LBBSPPolicy):
         remaining = max(self.epochs * self.dataset_size - done, 0)
         N = self.dataset_size
         in_epoch = next_B if next_B is not None and next_B < N else 0
-        work = _courier.Work(min(in_epoch, remaining), N, max(remaining - in_epoch, 0) / N)
+        work = _planner.Work(min(in_epoch, remaining), N, max(remaining - in_epoch, 0) / N)
         if self.sync_s is None:
             # no push/pull measured yet: nothing to plan with; keep the batch
             B = self.totals.get(t, self.lo)
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
-                                    self.coordinator._balancer.max_batch,
+                                    self.coordinator.balancer.max_batch,
                                     epoch=int(done // N) if N else None)
             if self.planner.missing and not self._warned:
                 log.warning("no global batch in %d:%d meets the deadline: %s of work left at "
                             "the fastest (B=%d), %s to the deadline; running at B=%d",
                             self.lo, self.hi,
-                            _courier.format_duration(self.planner.predicted_finish()), B,
-                            _courier.format_duration(time_left), B)
+                            _planner.format_duration(self.planner.predicted_finish()), B,
+                            _planner.format_duration(time_left), B)
             self._warned = self.planner.missing
         B = self._cap(B, next_B)
         if current is not None and int(current.sum()) != B:
-            current = _bal.rescale(current, B)
-        sizes = self.coordinator._balancer.allocate(model, B, current)
-        self.coordinator._send_allocation(t + 1, sizes)
+            current = _split.rescale(current, B)
+        sizes = self.coordinator.balancer.allocate(model, B, current)
+        self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         if self.sync_s is not None:
             self._sent = (t + 1, self.clock(),
-                          _courier.iteration_time(model, self.sync_s, int(np.sum(sizes)),
-                                                  self.coordinator._balancer.max_batch))
+                          _planner.iteration_time(model, self.sync_s, int(np.sum(sizes)),
+                                                  self.coordinator.balancer.max_batch))
         finish = self.planner.predicted_finish()
         self.plans[t + 1] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
         for old in [k for k in self.plans if k < t - 64]:
@@ -198,26 +200,26 @@ class Courier(SyncMode):
             if opts["deadline"] is None:
                 return ("--sync courier needs --deadline (the time budget, e.g. --deadline 15m) "
                         "and --epochs (how many epochs it covers)")
-            _courier.parse_duration(opts["deadline"])
-            _courier.parse_batch_range(opts["batch_range"])
-        except _courier.PlanError as exc:
+            _planner.parse_duration(opts["deadline"])
+            _planner.parse_batch_range(opts["batch_range"])
+        except _planner.PlanError as exc:
             return str(exc)
         epochs = opts["epochs"]
         if epochs is None:
             return "--sync courier needs --epochs: how many epochs the --deadline covers"
         if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
             return f"--epochs {epochs}: must be a positive number of epochs"
-        if opts["lr_scaling"] not in _courier.LR_SCALING:
+        if opts["lr_scaling"] not in _lr.LR_SCALING:
             return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
-                    f"{', '.join(_courier.LR_SCALING)}")
+                    f"{', '.join(_lr.LR_SCALING)}")
         return None
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
         """The smallest global batch must give every worker a sample."""
         try:
-            _courier.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
+            _planner.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
                                        num_workers)
-        except _courier.PlanError as exc:
+        except _planner.PlanError as exc:
             return str(exc)
         return None
 

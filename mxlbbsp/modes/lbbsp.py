@@ -11,7 +11,8 @@ from typing import Optional
 
 import numpy as np
 
-from .. import balancer as _bal
+from mxlbbsp.core import split as _split
+
 from ._api import CoordinatorPolicy, SyncMode, register
 
 
@@ -21,13 +22,13 @@ class LBBSPPolicy(CoordinatorPolicy):
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
         if next_B is None:
             return current
-        sizes = _bal.rescale(current, next_B)
-        self.coordinator._send_allocation(t + 1, sizes)
+        sizes = _split.rescale(current, next_B)
+        self.coordinator.send_split(t + 1, sizes)
         return sizes
 
     def plan(self, t, model, next_B, current):
-        sizes = self.coordinator._balancer.allocate(model, next_B, current)
-        self.coordinator._send_allocation(t + 1, sizes)
+        sizes = self.coordinator.balancer.allocate(model, next_B, current)
+        self.coordinator.send_split(t + 1, sizes)
         return sizes
 
 

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 from typing import Dict, Optional, Tuple
 
-import logging
-
 import numpy as np
 
-from .. import balancer as _bal
-from .. import protocol as P
+from mxlbbsp.core import protocol as P
+from mxlbbsp.core import split as _split
+
 from ._api import CoordinatorPolicy, SyncMode, register
 
 TUNINGS = ("paper", "balancer", "none")
@@ -63,7 +63,7 @@ def proportional_split(weights, total: int) -> np.ndarray:
     w = np.asarray(weights, dtype=float)
     n = len(w)
     if total < n:
-        raise _bal.AllocationError(f"cannot split {total} samples among {n} workers")
+        raise _split.AllocationError(f"cannot split {total} samples among {n} workers")
     share = (total - n) * w / w.sum()
     base = np.floor(share).astype(np.int64)
     rest = int(total - n - base.sum())
@@ -115,11 +115,11 @@ class R2SPPolicy(CoordinatorPolicy):
 
     def plan(self, t, model, next_B, current):
         if self.tuning == "balancer":
-            self._planned = self.coordinator._balancer.allocate(model, next_B, current)
+            self._planned = self.coordinator.balancer.allocate(model, next_B, current)
         split = self._splits.get(t + 1)
         return split if split is not None else (
             current if current is not None and int(current.sum()) == next_B
-            else _bal.equal_split(next_B, self.num_workers))
+            else _split.equal_split(next_B, self.num_workers))
 
     def on_report(self, rank, msg):
         if int(msg["iteration"]) >= self.coordinator.config.warmup:
@@ -201,29 +201,29 @@ class R2SPPolicy(CoordinatorPolicy):
                 del self._splits[old]
         self.log.append((now, rank, t, self.gap))
         if split is not None and next_B is not None and int(split.sum()) != next_B:
-            split = _bal.rescale(split, next_B)     # a worker that counts batches differently
-        piece = None if split is None or next_B is None else _bal.slice_of(split, rank)
+            split = _split.rescale(split, next_B)     # a worker that counts batches differently
+        piece = None if split is None or next_B is None else _split.slice_of(split, rank)
         log.debug("r2sp: grant rank %d iteration %d (blocked %.4f s, gap %.4f s), next slice %s",
                   rank, t, now - asked, self.gap, piece)
-        self.coordinator._send(rank, P.grant(t, piece))
+        self.coordinator.send(rank, P.grant(t, piece))
 
     def _decide(self, t: int, next_B: int) -> np.ndarray:
         """The split of round t+1, decided when round t's first slot is granted."""
         n = self.num_workers
         current = self._splits.get(t)
         if current is None:
-            current = _bal.equal_split(next_B, n)
+            current = _split.equal_split(next_B, n)
         if t < self.coordinator.config.warmup or self.tuning == "none":
-            return _bal.rescale(current, next_B)
+            return _split.rescale(current, next_B)
         if self.tuning == "balancer":
-            return _bal.rescale(self._planned if self._planned is not None else current, next_B)
+            return _split.rescale(self._planned if self._planned is not None else current, next_B)
         if not (np.all(np.isfinite(self._speed)) and np.all(np.isfinite(self._blocked))):
-            return _bal.rescale(current, next_B)
+            return _split.rescale(current, next_B)
         target = current + TUNE_GAIN * self._blocked * self._speed
         split = proportional_split(target, next_B)
-        cap = self.coordinator._balancer.max_batch
+        cap = self.coordinator.balancer.max_batch
         if cap is not None and np.any(split > cap):
-            split = _bal.rescale(current, next_B)
+            split = _split.rescale(current, next_B)
         return split
 
 

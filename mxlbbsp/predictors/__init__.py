@@ -1,4 +1,8 @@
-"""Speed predictors behind one interface (:class:`Predictor`) and a registry by name."""
+"""Speed predictors behind one interface (:class:`Predictor`) and a registry by name.
+
+The order of the imports below is the order of ``available()``: not sorted on purpose.
+"""
+# isort: skip_file
 from ._api import Predictor, available, create, predictor_class, register
 from . import simple  # noqa: F401  (registers last, ema)
 from . import ar, narx, narx_adam  # noqa: F401  (registers ar, narx, narx-adam)

@@ -19,6 +19,8 @@ from typing import Callable, ClassVar, Dict, Type
 
 import numpy as np
 
+from mxlbbsp.core.store import load_object_state, object_state
+
 
 class Predictor(abc.ABC):
     """One-step-ahead speed forecaster for ``num_workers`` workers."""
@@ -53,12 +55,10 @@ class Predictor(abc.ABC):
         """The learned state, JSON-serialisable (checkpoints): every numpy array, number and
         random generator among the attributes. A predictor with other state overrides this
         and :meth:`load_state_dict`."""
-        from ..checkpoint import object_state
         return object_state(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (same class, same number of workers)."""
-        from ..checkpoint import load_object_state
         load_object_state(self, state)
 
     def _check(self, speed, exog):

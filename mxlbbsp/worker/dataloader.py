@@ -22,9 +22,11 @@ import numpy as np
 from mxnet import context, gluon
 from mxnet.gluon.data import dataloader as _gdl
 
-from . import _env
-from . import balancer as _bal
-from . import session as _session
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import split as _split
+from mxlbbsp.core.planner import schedule_from_metrics
+from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import session as _session
 
 LAST_BATCH = ("keep", "discard")
 
@@ -74,7 +76,6 @@ class DataLoader:
         if batch_schedule is None:
             batch_schedule = _env.batch_schedule()
         if isinstance(batch_schedule, str):
-            from .courier import schedule_from_metrics
             batch_schedule = schedule_from_metrics(batch_schedule)
         if batch_schedule is not None:
             batch_schedule = [int(b) for b in batch_schedule]
@@ -111,8 +112,8 @@ class DataLoader:
         self._start = 0             # the first iteration this job runs (> 0 when resumed)
         resume = _env.resume()
         if resume is not None:
-            from . import checkpoint
-            self._start = checkpoint.loader_start(resume, self.global_batch_size, self._size,
+
+            self._start = _ckpt.loader_start(resume, self.global_batch_size, self._size,
                                                   len(self))
 
     @property
@@ -244,7 +245,7 @@ class DataLoader:
                 return
             _, size, indices, sess = self._expect
             self._expect = None
-            piece = _bal.rescale_slice(piece, sess.rank, sess.num_workers, size)
+            piece = _split.rescale_slice(piece, sess.rank, sess.num_workers, size)
             self._pending[t] = self._submit(indices(piece))
 
     def _submit(self, indices):

@@ -1,7 +1,7 @@
 """The script's own training curves: :func:`mxlbbsp.log` (loss, accuracy, any named scalar).
 
 Inside a launched job every call sends the values to the coordinator (a ``log`` message of
-:mod:`mxlbbsp.protocol`), which puts them into this worker's metrics record of the current
+:mod:`mxlbbsp.core.protocol`), which puts them into this worker's metrics record of the current
 iteration, as its ``scalars`` object (see docs/ARCHITECTURE.md, "Metrics"); ``mxlbbsp report``
 plots them and ``--tensorboard DIR`` writes them for TensorBoard. Without the launcher (one
 process), the values are only kept here, in :func:`history`: nothing fails, nothing is written.
@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
+
+from mxlbbsp.worker import session as _session
 
 #: at most this many names per call, and this long each (the coordinator refuses more)
 MAX_NAMES = 32
@@ -94,7 +96,6 @@ def log(loss=None, accuracy=None, **scalars) -> None:
     except ScalarError as exc:
         _fail(f"mxlbbsp.log: {exc}; give a Python number or a one-element array "
               "(e.g. loss.mean())")
-    from . import session as _session
     sess = _session.current()
     iteration = sess.iteration if sess is not None else -1
     with _lock:

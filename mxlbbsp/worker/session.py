@@ -32,13 +32,13 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional
 
-
-from . import _env
-from . import balancer as _bal
-from . import modes as _modes
-from . import protocol as P
-from . import signals as _signals
-from .slowdown import Schedule
+from mxlbbsp import modes as _modes
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import protocol as P
+from mxlbbsp.core import signals as _signals
+from mxlbbsp.core import split as _split
+from mxlbbsp.core.lr import LR_SCALING
+from mxlbbsp.core.slowdown import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Session:
         self.global_batch_size = int(global_batch_size)
         self.rank = _env.rank(env)
         try:
-            self.sync = _env.sync(env)
+            self.sync = _modes.from_env(env).name
         except _env.EnvError as exc:
             raise _env.refuse(exc) from None
         self.mode = _modes.get(self.sync)
@@ -129,11 +129,11 @@ class Session:
         self.dataset_size = int(dataset_size)
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
-        self._alloc: Dict[int, _bal.Slice] = {}
+        self._alloc: Dict[int, _split.Slice] = {}
         self._cond = threading.Condition()
         self._failure: Optional[str] = None
         self._lost = False
-        self._listeners: List[Callable[[int, _bal.Slice], None]] = []
+        self._listeners: List[Callable[[int, _split.Slice], None]] = []
         self._sock: Optional[socket.socket] = None
         self._send_lock = threading.Lock()
         self._t_end = None                # when the previous step ended
@@ -155,7 +155,7 @@ class Session:
         if addr is None:
             self.num_workers = 1
             self.rank = 0
-            self._initial = _bal.Slice(0, self.global_batch_size, self.global_batch_size)
+            self._initial = _split.Slice(0, self.global_batch_size, self.global_batch_size)
             return
         self.num_workers = _env.num_workers(env)
         self._connect(addr, _env.token(env), dataset_size, min_global_batch, max_batch_size)
@@ -184,7 +184,7 @@ class Session:
         if columns is None:
             columns = _signals.AUTO
         # only what the launcher asks for (--signals, --exog): reading costs time in the
-        # compute phase, and the tail a thread (see mxlbbsp/signals.py)
+        # compute phase, and the tail a thread (see mxlbbsp/core/signals.py)
         self._read_load = "cpu_percent" in columns or "mem_percent" in columns
         if self._read_load:
             _host_load()  # the first CPU reading only starts psutil's interval
@@ -203,7 +203,7 @@ class Session:
         if welcome["type"] != P.WELCOME:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
-        self._initial = _bal.slice_of(welcome["allocation"], self.rank)
+        self._initial = _split.slice_of(welcome["allocation"], self.rank)
         self.slowdown.start()          # a timed slowdown trace counts from the registration
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
 
@@ -218,7 +218,7 @@ class Session:
                 if msg is None:
                     break
                 if msg["type"] == P.ALLOC:
-                    piece = _bal.Slice(int(msg["offset"]), int(msg["size"]), int(msg["total"]))
+                    piece = _split.Slice(int(msg["offset"]), int(msg["size"]), int(msg["total"]))
                     t = int(msg["iteration"])
                     with self._cond:
                         self._alloc[t] = piece
@@ -229,7 +229,7 @@ class Session:
                     t = int(msg["iteration"])
                     piece = None
                     if msg.get("size") is not None:
-                        piece = _bal.Slice(int(msg["offset"]), int(msg["size"]),
+                        piece = _split.Slice(int(msg["offset"]), int(msg["size"]),
                                            int(msg["total"]))
                     with self._cond:
                         if piece is not None:
@@ -259,14 +259,14 @@ class Session:
             except OSError as exc:
                 raise CoordinatorLost(f"lost the connection to the coordinator: {exc}") from None
 
-    def on_allocation(self, fn: Callable[[int, _bal.Slice], None]) -> None:
+    def on_allocation(self, fn: Callable[[int, _split.Slice], None]) -> None:
         """Call ``fn(iteration, slice)`` (on a background thread) when an allocation arrives."""
         self._listeners.append(fn)
 
     # ---- allocations --------------------------------------------------------------------
 
     def slice(self, iteration: int, global_batch: Optional[int],
-              block: bool = True) -> Optional[_bal.Slice]:
+              block: bool = True) -> Optional[_split.Slice]:
         """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
         A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``, ``courier``) waits
@@ -277,14 +277,14 @@ class Session:
         if iteration == self.first_iteration:
             piece = self._initial
         elif not self.coordinated or not self.mode.follows_allocations:
-            piece = _bal.slice_of(_bal.equal_split(global_batch, self.num_workers), self.rank)
+            piece = _split.slice_of(_split.equal_split(global_batch, self.num_workers), self.rank)
         else:
             piece = self._wait_allocation(iteration, block)
             if piece is None:
                 return None
         if global_batch is None:
             return piece
-        return _bal.rescale_slice(piece, self.rank, self.num_workers, global_batch)
+        return _split.rescale_slice(piece, self.rank, self.num_workers, global_batch)
 
     def _check_going(self) -> None:
         """Raise if the job ended under this worker: the coordinator announced a failure,
@@ -294,7 +294,7 @@ class Session:
         if self._lost:
             raise CoordinatorLost("lost the connection to the coordinator")
 
-    def _wait_allocation(self, iteration: int, block: bool) -> Optional[_bal.Slice]:
+    def _wait_allocation(self, iteration: int, block: bool) -> Optional[_split.Slice]:
         with self._cond:
             while iteration not in self._alloc:
                 self._check_going()
@@ -341,7 +341,6 @@ class Session:
         DataLoader's global_batch_size)."""
         if not (self.sets_batch or self.replaying) or self.batch_global <= 0:
             return 1.0
-        from .courier import LR_SCALING
         return float(LR_SCALING[self.lr_scaling](self.batch_global / self.global_batch_size))
 
     # ---- measurements -------------------------------------------------------------------

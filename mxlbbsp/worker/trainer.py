@@ -56,9 +56,12 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 from mxnet import gluon, nd
 
-from . import _env
-from . import courier as _courier
-from . import session as _session
+from mxlbbsp import modes as _modes
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import store as _store
+from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import session as _session
 
 log = logging.getLogger(__name__)
 #: momentum at or above this with --sync asp or r2sp gets a warning (metrics.MOMENTUM_WARN)
@@ -76,7 +79,7 @@ class Trainer(gluon.Trainer):
                  compression_params=None, update_on_kvstore=None):
         if kvstore is None:
             try:
-                kvstore = _env.kvstore_type(_env.sync()) if _env.role() == "worker" else "device"
+                kvstore = _modes.from_env().kvstore if _env.role() == "worker" else "device"
             except _env.EnvError as exc:
                 raise _env.refuse(exc) from None
         if update_on_kvstore is None and kvstore == "dist_sync":
@@ -100,8 +103,8 @@ class Trainer(gluon.Trainer):
         self._final_hook = False              # the final checkpoint's atexit hook
         resume = _env.resume()
         if resume is not None:
-            from . import checkpoint
-            checkpoint.load_trainer(self, resume)
+
+            _ckpt.load_trainer(self, resume)
         self._warn_momentum()
 
     def _momentum(self) -> Optional[float]:
@@ -113,7 +116,7 @@ class Trainer(gluon.Trainer):
         if _env.role() != "worker" or _env.rank() != 0:
             return
         try:
-            mode = _env.sync()
+            mode = _modes.from_env().name
         except _env.EnvError:
             return
         m = self._momentum()
@@ -127,10 +130,10 @@ class Trainer(gluon.Trainer):
         sess = _session.current()
         if sess is None or sess.iteration < 0 or getattr(sys, "last_value", None) is not None:
             return
-        from . import checkpoint
+
         try:
-            checkpoint.save_trainer(self, self._ckpt_dir, final=True)
-        except (OSError, checkpoint.CheckpointError) as exc:
+            _ckpt.save_trainer(self, self._ckpt_dir, final=True)
+        except (OSError, _store.CheckpointError) as exc:
             log.warning("mxlbbsp: warning: could not write the final checkpoint: %s", exc)
 
     def _normalisers(self, batch_size):
@@ -143,7 +146,7 @@ class Trainer(gluon.Trainer):
         if ours and sess is not None:
             norm /= sess.lr_factor()
             if sess.sets_batch:
-                _courier.warn_momentum(self._optimizer, sess.lr_factor())
+                _lr.warn_momentum(self._optimizer, sess.lr_factor())
         return norm, nominal
 
     def _read_batch_size(self, batch_size):
@@ -405,8 +408,8 @@ class Trainer(gluon.Trainer):
         Call it on rank 0 (every worker holds the same model and optimizer state); returns
         the checkpoint's folder. See :mod:`mxlbbsp.checkpoint` for what it holds.
         """
-        from . import checkpoint
-        return checkpoint.save_trainer(self, directory)
+
+        return _ckpt.save_trainer(self, directory)
 
 
 class _StatsPair(NamedTuple):

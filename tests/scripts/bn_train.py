@@ -32,7 +32,7 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 import mxlbbsp
-from mxlbbsp import datasets
+from mxlbbsp.worker import datasets
 
 p = argparse.ArgumentParser()
 p.add_argument("out")

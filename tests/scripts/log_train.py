@@ -16,7 +16,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import mxlbbsp
-from mxlbbsp import datasets
+from mxlbbsp.worker import datasets
 
 p = argparse.ArgumentParser()
 p.add_argument("--batch-size", type=int, default=32)
