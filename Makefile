@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-bench test-fast bench clean
+.PHONY: venv demo lint test test-bench test-fast bench clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,12 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 # 3 workers on this machine, one emulated 3x slower: BSP, then LB-BSP, then a comparison.
 demo: venv
 	$(BIN)/python examples/demo.py
+
+# ruff (pyflakes, pycodestyle, import order, bugbear) and import-linter's contracts: the
+# layers, MXNet only in worker/ and models/, no import cycle (pyproject.toml). Seconds.
+lint: venv
+	$(BIN)/ruff check mxlbbsp launcher models benchmarks examples tests
+	$(BIN)/lint-imports
 
 test: venv
 	$(BIN)/python -m pytest -q tests -m "not bench"

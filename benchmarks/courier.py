@@ -33,7 +33,6 @@ cost (push/pull and Python), as in the Courier paper. The learning rate is linea
     python benchmarks/courier.py             # 20 epochs, 5 deadlines x 3 seeds
 """
 import argparse
-import math
 import subprocess
 import tempfile
 import time

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import mxnet as mx
-from mxnet import autograd, gluon, nd
+from mxnet import autograd, gluon
 
 import mxlbbsp                                     # mxlbbsp
 from mxlbbsp.models import get_model

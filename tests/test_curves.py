@@ -1,7 +1,6 @@
 """mxlbbsp.log (the script's own values), the metrics' scalars, TensorBoard files, the
 diagnoses of metrics.diagnose, --min-batch-size: units, and the coordinator with real sessions
 over loopback TCP (threads play the workers). The launched jobs: tests/test_diagnoses.py."""
-import glob
 import json
 import math
 import subprocess
@@ -18,7 +17,6 @@ from mxlbbsp.control.coordinator import auto_min_batch
 
 from test_coordinator import coordinator, finished_records, sessions  # noqa: F401
 
-from conftest import ROOT
 
 
 # ---- mxlbbsp.log ---------------------------------------------------------------------------

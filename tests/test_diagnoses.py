@@ -7,7 +7,6 @@ Each diagnosed case is made to show whatever the machine's load: a one-hidden-la
 worker slowed 40x, a deadline of 1 s (MXNet's import alone takes longer), momentum 0.9 with
 asp.
 """
-import json
 
 import pytest
 

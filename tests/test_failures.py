@@ -6,7 +6,6 @@ launcher's own output says how fast. Each job is small: -n 2, -s 1, a 3-weight m
 """
 import os
 import re
-import signal
 import subprocess
 import time
 import uuid

@@ -1,7 +1,6 @@
 """The sync-mode seam (registry, refusals everywhere) and r2sp's coordinator policy with real
 worker sessions over loopback TCP (threads play the workers; no MXNet)."""
 import subprocess
-import sys
 import threading
 import time
 

@@ -10,7 +10,6 @@ learning-rate schedule, whose position the checkpoint must carry. Files: OUT_DIR
 """
 import argparse
 import os
-import sys
 
 import numpy as np
 import mxnet as mx
