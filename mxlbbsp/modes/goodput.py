@@ -1,0 +1,312 @@
+"""``goodput``: the coordinator chooses the global batch B(t) for the fastest progress.
+
+Pollux (OSDI'21) chooses the batch that maximises *goodput*, throughput times statistical
+efficiency; here the throughput is LB-BSP's on the heterogeneous workers (Cannikin's point,
+Middleware'24) and the efficiency comes from the gradient noise scale measured from the
+workers' own, unequal, local batches (:mod:`mxlbbsp.core.noise`)::
+
+    goodput(B) = B / (LB-BSP makespan of B over the workers' time models + push/pull)
+                 * (phi + B0) / (phi + B)
+
+for each candidate B in ``--batch-range`` (Courier's geometric grid), phi = tr(Sigma)/|G|^2
+the smoothed noise scale, B0 the DataLoader's ``global_batch_size``. ``--goodput-model
+homo`` instead predicts the iteration time of an *equal* split (the slowest worker's time at
+B/n: what a model of equal replicas such as AdaptDL's measures on these workers); the split
+is LB-BSP's either way, so the two differ only in the B they choose.
+
+Stability (as Courier's B(t)): B changes only when, at each of the last ``every`` plans, a
+batch at least ``min_step`` times away from the current one promised ``1 + GAIN_MARGIN``
+times its goodput, then to the closest of those choices (the most cautious), and at most
+``max_changes`` times per epoch. Before the noise scale and the push/pull time are known
+(the first iterations), B0 clipped into the range is kept.
+
+Noise: every worker reports |sum of its local per-sample gradients|^2 (``grad_sqr``, one
+scalar, computed only in this mode); rank 0 reports the same of the global sum after the
+pull (``global_grad_sqr`` in its ``done``). The learning rate follows B(t)/B0 by
+``--lr-scaling`` (default sqrt, as for Courier's rules: the workers apply it and a single
+process replays it from the recorded B(t)); AdaScale's gain at each B is recorded alongside
+(``adascale_gain``) but not applied: it depends on the coordinator's estimate, which the
+workers do not see.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import _env
+from .. import balancer as _bal
+from .. import courier as _planner
+from ..core import noise as _noise
+from ._api import SyncMode, register
+from .lbbsp import LBBSPPolicy
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {"batch_range": "64:1024", "lr_scaling": "sqrt", "goodput_model": "hetero",
+            "every": 5}
+GOODPUT_MODELS = ("hetero", "homo")
+EMA_ALPHA = 0.2
+#: a batch must promise this much more goodput than the current one to be moved to
+GAIN_MARGIN = 0.05
+
+
+def equal_split_time(model: _bal.TimeModel, sync_s: float, batch: int) -> float:
+    """The iteration time of an equal split of ``batch``: the slowest worker's a_i +
+    (B/n)/v_i, plus the push/pull (the homogeneous throughput model)."""
+    if int(batch) < len(model.speed):
+        return math.inf
+    sizes = _bal.equal_split(int(batch), len(model.speed))
+    return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
+
+
+def iteration_model(kind: str, model: _bal.TimeModel, sync_s: float, max_batch=None):
+    """B -> predicted iteration time under the ``hetero`` (LB-BSP makespan) or ``homo``
+    (equal split) throughput model."""
+    if kind == "homo":
+        return lambda B: equal_split_time(model, sync_s, B)
+    return lambda B: _planner.iteration_time(model, sync_s, B, max_batch)
+
+
+class GoodputPlanner:
+    """Chooses B among Courier's candidates by goodput, with Courier's stability rules."""
+
+    def __init__(self, lo: int, hi: int, base_batch: int, every: int = 5,
+                 min_step: float = 1.15, per_octave: int = 4, max_changes: int = 2):
+        self.lo, self.hi = int(lo), int(hi)
+        self.base_batch = int(base_batch)
+        self.every = max(1, int(every))
+        self.min_step = float(min_step)
+        self.max_changes = max(1, int(max_changes))
+        self.batches = _planner.candidates(self.lo, self.hi, per_octave)
+        self.current = int(min(max(base_batch, self.lo), self.hi))
+        self.last_rows: List[_noise.GoodputRow] = []
+        self.changes = 0
+        self.changes_in_epoch = 0
+        self._epoch = None
+        self._pending: List[int] = []
+
+    def rows(self, iteration_s, phi: float) -> List[_noise.GoodputRow]:
+        batches = sorted(set(int(b) for b in self.batches) | {self.current})
+        return _noise.goodput_rows(batches, iteration_s, phi, self.base_batch)
+
+    def update(self, iteration_s, phi: float, epoch: Optional[int] = None,
+               force: bool = False) -> int:
+        """The batch of the next iteration, given B -> iteration time and phi."""
+        if epoch != self._epoch:
+            self._epoch, self.changes_in_epoch = epoch, 0
+        rows = self.rows(iteration_s, phi)
+        self.last_rows = rows
+        best = _noise.best(rows)
+        if force:
+            self.current, self._pending = best.batch, []
+            return self.current
+        here = next(r for r in rows if r.batch == self.current)
+        far = max(best.batch, self.current) >= self.min_step * min(best.batch, self.current)
+        if far and best.goodput > (1.0 + GAIN_MARGIN) * here.goodput:
+            self._pending.append(best.batch)
+        else:
+            self._pending = []
+        if len(self._pending) >= self.every and self.changes_in_epoch < self.max_changes:
+            pick = min(self._pending, key=lambda b: abs(math.log(b / self.current)))
+            self._pending = []
+            self.changes += 1
+            self.changes_in_epoch += 1
+            self.current = int(pick)
+        return self.current
+
+    def row(self, batch: Optional[int] = None) -> Optional[_noise.GoodputRow]:
+        batch = self.current if batch is None else batch
+        return next((r for r in self.last_rows if r.batch == batch), None)
+
+
+class GoodputPolicy(LBBSPPolicy):
+    """Chooses B(t+1) by goodput, then splits it as LB-BSP does."""
+
+    def __init__(self, coordinator, options=None):
+        super().__init__(coordinator, options)
+        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
+        problem = Goodput.check_options(opts)
+        if problem:
+            raise ValueError(problem)
+        self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
+        self.kind = opts["goodput_model"]
+        self.every = int(opts["every"])
+        self.planner: Optional[GoodputPlanner] = None
+        self.noise: Optional[_noise.NoiseScale] = None
+        self.dataset_size = 0
+        self.trained = 0
+        self.totals: Dict[int, int] = {}
+        self.sync_s: Optional[float] = None
+        #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
+        self._local: Dict[int, Dict[int, tuple]] = {}
+        self._global: Dict[int, float] = {}
+        #: iteration -> the figures recorded with it
+        self.noted: Dict[int, dict] = {}
+
+    def validate(self, hellos):
+        n = self.num_workers
+        if self.lo < n:
+            return (f"--batch-range {self.lo}:{self.hi}: the minimum is below the number of "
+                    f"workers ({n}); use a minimum >= {n}")
+        self.dataset_size = int(hellos[0]["dataset_size"])
+        if self.dataset_size < n:
+            return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
+        B0 = int(hellos[0]["global_batch_size"])
+        self.noise = _noise.NoiseScale(B0)
+        self.planner = GoodputPlanner(self.lo, self.hi, B0, every=self.every)
+        return None
+
+    def first_split(self, global_batch):
+        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
+        self.totals[0] = B
+        return _bal.equal_split(B, self.num_workers)
+
+    # ---- noise -------------------------------------------------------------------------
+
+    def on_report(self, rank, msg):
+        s = msg.get("grad_sqr")
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
+            t = int(msg["iteration"])
+            self._local.setdefault(t, {})[rank] = (int(msg["batch_size"]), float(s))
+            self._take(t)
+
+    def on_done(self, rank, msg):
+        t = int(msg["iteration"])
+        s = msg.get("sync_s")
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
+                and t >= self.coordinator.config.warmup:
+            self.sync_s = s if self.sync_s is None else self.sync_s + EMA_ALPHA * (s - self.sync_s)
+        g = msg.get("global_grad_sqr")
+        if rank == 0 and isinstance(g, (int, float)) and math.isfinite(g) and g >= 0:
+            self._global[t] = float(g)
+            self._take(t)
+
+    def _take(self, t: int) -> None:
+        """Iteration t's norms into the estimate, once all n local ones and the global
+        one are in."""
+        local = self._local.get(t, {})
+        if len(local) < self.num_workers or t not in self._global or self.noise is None:
+            return
+        sizes = [local[r][0] for r in range(self.num_workers)]
+        sqr = [local[r][1] for r in range(self.num_workers)]
+        point = self.noise.update(sqr, sizes, self._global.pop(t), sum(sizes))
+        del self._local[t]
+        for old in [k for k in self._local if k < t - 64]:
+            del self._local[old]
+        for old in [k for k in self._global if k < t - 64]:
+            del self._global[old]
+        if point is not None:
+            self.noted.setdefault(t, {})["noise_point"] = [point.sqr, point.var]
+
+    # ---- iterations --------------------------------------------------------------------
+
+    def _cap(self, B: int, cap: Optional[int]) -> int:
+        if cap is None:
+            return B
+        B = min(B, cap)
+        if 0 < cap - B < self.num_workers:
+            B = cap
+        return B
+
+    def _decided(self, t: int, sizes) -> None:
+        self.totals[t + 1] = int(np.sum(sizes))
+        self.trained += self.totals.get(t, 0)
+        for old in [k for k in self.totals if k < t - 1]:
+            del self.totals[old]
+
+    def warmup(self, t, next_B, current):
+        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
+        sizes = _bal.rescale(current, B)
+        self.coordinator._send_allocation(t + 1, sizes)
+        self._decided(t, sizes)
+        return sizes
+
+    def plan(self, t, model, next_B, current):
+        current = self.coordinator._sizes
+        N = self.dataset_size
+        done = self.trained + self.totals.get(t, 0)
+        B = self.totals.get(t, self.lo)
+        phi = self.noise.noise_scale if self.noise is not None else math.nan
+        if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
+            fn = iteration_model(self.kind, model, self.sync_s,
+                                 self.coordinator._balancer.max_batch)
+            B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
+        B = self._cap(B, next_B)
+        if current is not None and int(current.sum()) != B:
+            current = _bal.rescale(current, B)
+        sizes = self.coordinator._balancer.allocate(model, B, current)
+        self.coordinator._send_allocation(t + 1, sizes)
+        self._decided(t, sizes)
+        row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
+        note = self.noted.setdefault(t + 1, {})
+        note["noise_scale"] = phi if math.isfinite(phi) else None
+        if row is not None:
+            note["goodput"] = row.goodput
+            note["efficiency"] = row.efficiency
+        for old in [k for k in self.noted if k < t - 64]:
+            del self.noted[old]
+        return sizes
+
+    def record_fields(self, t: int) -> dict:
+        """Goodput's columns of the metrics record of iteration t."""
+        note = self.noted.get(t, {})
+        B = self.totals.get(t)
+        phi = note.get("noise_scale")
+        gain = None
+        if phi is not None and self.noise is not None and B:
+            gain = _noise.gain(phi, B, self.noise.base_batch)
+        return {"batch_range": [self.lo, self.hi], "goodput_model": self.kind,
+                "noise_scale": phi, "goodput": note.get("goodput"),
+                "efficiency": note.get("efficiency"), "adascale_gain": gain,
+                "noise_point": note.get("noise_point")}
+
+
+@register
+class Goodput(SyncMode):
+    name = "goodput"
+    label = "goodput"
+    help = ("the coordinator chooses the global batch in --batch-range for the most goodput "
+            "(throughput x statistical efficiency from the gradient noise), split as lbbsp "
+            "(dist_sync)")
+    uses_predictor = True
+    sets_batch = True
+    #: the workers report the squared norms of their gradient sums (mxlbbsp.trainer)
+    grad_norms = True
+    policy = GoodputPolicy
+    options = {"batch_range": "--batch-range", "lr_scaling": "--lr-scaling",
+               "goodput_model": "--goodput-model"}
+
+    @staticmethod
+    def check_options(options: dict) -> Optional[str]:
+        opts = dict(DEFAULTS, **{k: v for k, v in options.items() if v is not None})
+        try:
+            _planner.parse_batch_range(opts["batch_range"])
+        except _planner.PlanError as exc:
+            return str(exc)
+        if opts["lr_scaling"] not in _planner.LR_SCALING:
+            return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
+                    f"{', '.join(_planner.LR_SCALING)}")
+        if opts["goodput_model"] not in GOODPUT_MODELS:
+            return (f"--goodput-model {opts['goodput_model']!r}: choose one of "
+                    f"{', '.join(GOODPUT_MODELS)}")
+        return None
+
+    def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
+        try:
+            _planner.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
+                                       num_workers)
+        except _planner.PlanError as exc:
+            return str(exc)
+        return None
+
+    def misplaced(self, flags, sync) -> str:
+        return (f"{', '.join(flags)}: only --sync goodput chooses the global batch by goodput; "
+                f"--sync {sync} does not take {'them' if len(flags) > 1 else 'it'}. Drop "
+                f"{'them' if len(flags) > 1 else 'it'} or use --sync goodput")
+
+    def worker_env(self, options: dict) -> dict:
+        rule = options.get("lr_scaling") or DEFAULTS["lr_scaling"]
+        return {_env.LR_SCALING: rule}
