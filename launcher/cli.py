@@ -144,10 +144,16 @@ def cli(verbose):
                    "1h30m). The coordinator re-chooses the global batch as the job runs: the "
                    "smallest in --batch-range predicted to meet it.")
 @click.option("--batch-range", metavar="MIN:MAX",
-              help="courier: the global batch sizes to choose from (default 64:1024).")
+              help="courier, goodput: the global batch sizes to choose from (default "
+                   "64:1024).")
 @click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none"]),
-              help="courier: the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                   "global_batch_size): linear (default, Goyal et al.), sqrt, none.")
+              help="courier, goodput: the learning rate follows B(t)/B0 (B0: the "
+                   "DataLoader's global_batch_size): linear (courier's default, Goyal et "
+                   "al.), sqrt (goodput's default), none.")
+@click.option("--goodput-model", type=click.Choice(["hetero", "homo"]),
+              help="goodput: the throughput model B is chosen with: hetero (default, the "
+                   "LB-BSP makespan of the workers' time models) or homo (an equal split, "
+                   "as a model of equal workers sees it).")
 @click.option("--epochs", type=float, metavar="E",
               help="courier: how many epochs of the data set --deadline covers.")
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
@@ -242,7 +248,7 @@ def cli(verbose):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning,
            deadline,
-           batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
+           batch_range, lr_scaling, goodput_model, epochs, predictor, time_model, exog, signal_spec, threshold,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
@@ -265,6 +271,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
         dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
         deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs,
+        goodput_model=goodput_model,
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts)
     return run_job(config)

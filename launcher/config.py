@@ -206,9 +206,10 @@ class LaunchConfig:
     r2sp_gap_ratio: Optional[float] = None    # None: the mode's default (0.8)
     r2sp_tuning: Optional[str] = None         # None: the mode's default
     deadline: Optional[str] = None            # courier: the time budget, e.g. "15m"
-    batch_range: Optional[str] = None         # courier: "MIN:MAX" global batch sizes
-    lr_scaling: Optional[str] = None          # courier: linear | sqrt | none
+    batch_range: Optional[str] = None         # courier, goodput: "MIN:MAX" global batches
+    lr_scaling: Optional[str] = None          # courier, goodput: linear | sqrt | none
     epochs: Optional[float] = None            # courier: epochs the deadline covers
+    goodput_model: Optional[str] = None       # goodput: hetero | homo throughput model
     # checkpoints (mxlbbsp.checkpoint): periodic, resume, restarts
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None
@@ -260,8 +261,9 @@ class LaunchConfig:
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
         for name in modes.available():          # another mode's options: say whose
+            ours = set(modes.get(self.sync).options.values())   # flags shared by modes
             given = [flag for flag in modes.get(name).options.values()
-                     if getattr(self, _field(flag)) is not None]
+                     if getattr(self, _field(flag)) is not None and flag not in ours]
             if name != self.sync and given:
                 raise ConfigError(modes.get(name).misplaced(given, self.sync))
         problem = modes.get(self.sync).check_options(self.sync_options)

@@ -98,3 +98,63 @@ def test_range_below_the_number_of_workers():
     problem = mode.check_workers({"batch_range": "2:64"}, 4)
     assert "below the number of workers" in problem
     assert mode.check_workers({"batch_range": "4:64"}, 4) is None
+
+
+# ---- mxlbbsp plan --goodput ------------------------------------------------------------------
+
+def _profile(tmp_path, noise_scale=None):
+    import json
+    path = tmp_path / "prof.jsonl"
+    with open(path, "w") as fh:
+        for t in range(20):
+            for rank, (a, v) in enumerate([(0.01, 3000.0), (0.01, 1000.0)]):
+                b = (48 if rank == 0 else 16) * (1 + t % 2)
+                rec = {"iteration": t, "rank": rank, "batch_size": b, "compute_s": a + b / v,
+                       "wait_s": 0.0, "sync_s": 0.02, "speed": v, "predicted_speed": None,
+                       "cpu_percent": 50.0, "mem_percent": 10.0, "sync": "lbbsp",
+                       "time": 1.0 + t, "global_batch": 64 * (1 + t % 2)}
+                if noise_scale is not None:
+                    rec["noise_scale"] = noise_scale
+                fh.write(json.dumps(rec) + "\n")
+    return path
+
+
+def test_plan_goodput_says_which_batch_and_why(tmp_path, capsys):
+    import json
+
+    from mxlbbsp.launcher.cli import main
+    path = _profile(tmp_path, noise_scale=400.0)
+    assert main(["plan", str(path), "--goodput", "--batch-range", "16:1024"]) == 0
+    out = capsys.readouterr().out
+    assert "<- choice" in out and "noise scale 400 samples (recorded)" in out
+    assert "choice: B = " in out and "efficiency" in out
+    assert main(["plan", str(path), "--goodput", "--batch-range", "16:1024", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    best = max(data["rows"], key=lambda r: r["goodput"])
+    assert data["choice"] == best["batch"] and data["base_batch"] == 64
+    # the same choice as the planner's from the true models
+    fn = goodput.iteration_model("hetero", _bal.TimeModel(np.array([3000.0, 1000.0]),
+                                                          np.array([0.01, 0.01])), 0.02)
+    p = goodput.GoodputPlanner(16, 1024, 64)
+    assert p.update(fn, 400.0, force=True) == data["choice"]
+    # more noise: a larger batch; the homogeneous model: a smaller one
+    assert main(["plan", str(path), "--goodput", "--batch-range", "16:1024",
+                 "--noise-scale", "4000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["choice"] > data["choice"]
+    assert main(["plan", str(path), "--goodput", "--batch-range", "16:1024",
+                 "--goodput-model", "homo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["choice"] < data["choice"]
+
+
+@pytest.mark.parametrize("args,words", [
+    ([], "no noise_scale recorded"),
+    (["--noise-scale", "-3"], "--noise-scale"),
+    (["--noise-scale", "10", "--deadline", "5m"], "--goodput and --deadline"),
+    (["--noise-scale", "10", "--batch-range", "1:64"], "number of workers"),
+])
+def test_plan_goodput_bad_input(tmp_path, capsys, args, words):
+    from mxlbbsp.launcher.cli import main
+    path = _profile(tmp_path)
+    assert main(["plan", str(path), "--goodput", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
