@@ -32,6 +32,8 @@ import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 import _common as C
 import _suite as S
 from mxlbbsp import metrics as _metrics
@@ -65,6 +67,50 @@ def noise_trajectory(path: Path):
     return out
 
 
+def norm_cost(reps: int = 30):
+    """The worker's extra work in goodput mode, side by side in one process: the squared
+    norm of the gradient (Trainer.grad_sqr) against one forward + backward pass, for the
+    digits MLP (B=64) and a BatchNorm ResNet-20 on 32x32 images (B=32)."""
+    import time
+
+    import mxnet as mx
+    from mxnet import autograd, gluon, nd
+
+    import mxlbbsp
+    from mxlbbsp.models import get_model
+    out = {}
+    for model, shape, B in (("mlp", (1, 8, 8), 64), ("resnet20", (3, 32, 32), 32)):
+        mx.random.seed(0)
+        net = get_model(model, classes=10)
+        net.initialize(mx.init.Xavier())
+        net.hybridize()
+        trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        x = nd.random.normal(shape=(B,) + shape)
+        y = nd.array(np.random.default_rng(0).integers(0, 10, B))
+        step, norm = [], []
+        for k in range(reps + 3):
+            t0 = time.perf_counter()
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            nd.waitall()
+            t1 = time.perf_counter()
+            trainer.grad_sqr()
+            t2 = time.perf_counter()
+            if k >= 3:                      # graph building, allocation
+                step.append(t1 - t0)
+                norm.append(t2 - t1)
+        # ABBA is not needed: both are timed in every repetition, the ratio per repetition
+        ratios = [n / s for n, s in zip(norm, step)]
+        out[model] = {"batch": B, "step_ms": 1e3 * C.median(step),
+                      "norm_ms": 1e3 * C.median(norm), "ratio": C.median(ratios)}
+        C.progress(f"grad_sqr cost, {model} B={B}: {out[model]['norm_ms']:.3f} ms against "
+                   f"{out[model]['step_ms']:.2f} ms forward+backward "
+                   f"({100 * out[model]['ratio']:.1f} %)")
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed")
@@ -88,6 +134,7 @@ def main():
     table = arms(fixed, B0)
     name = "goodput" + ("_quick" if args.quick else "")
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
+    cost = norm_cost(5 if C.SMOKE else 30)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cluster in args.clusters.split(";"):
@@ -155,7 +202,12 @@ def main():
         first_last = (f"{noise[0][0][1]:.0f}, {noise[0][-1][1]:.0f}" if noise else "-")
         lines.append(f"| {cluster} | {fmt(sm['vs_best_fixed'])} | {fmt(sm['vs_bsp'])} | "
                      f"{fmt(sm['vs_homo'])} | {first_last} |")
-    C.write(name, {"args": vars(args), "results": results}, "\n".join(lines))
+    lines += ["", "Worker cost of the noise scale's norm (Trainer.grad_sqr, one process, median "
+              "of 30): " + "; ".join(f"{m} B={c['batch']}: {c['norm_ms']:.3f} ms = "
+                                     f"{100 * c['ratio']:.1f} % of forward+backward "
+                                     f"({c['step_ms']:.2f} ms)" for m, c in cost.items())]
+    C.write(name, {"args": vars(args), "results": results, "norm_cost": cost},
+            "\n".join(lines))
 
 
 def summarise(runs, fixed, B0):

@@ -1,0 +1,72 @@
+"""The goodput mode end to end: real scheduler, servers and workers on loopback; a single
+process replaying the job's recorded B(t) and learning rates ends with its parameters."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from mxlbbsp.launcher.cli import main
+
+
+@pytest.mark.cluster
+def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_path):
+    import mxnet as mx
+
+    from conftest import PY, ROOT, run_mxlbbsp
+    from test_cluster import relative_difference
+
+    record = ROOT / "tests" / "scripts" / "record_batches.py"
+    N, B0, epochs = 600, 40, 3
+    job, single = tmp_path / "job", tmp_path / "single"
+    job.mkdir()
+    single.mkdir()
+    r = run_mxlbbsp("launch", "-n", 3, "--sync", "goodput", "--batch-range", "6:300",
+                    "--lr-scaling", "sqrt", "--emulate-compute", 0.5,
+                    "--emulate-slowdown", "1,1,3", "--metrics", tmp_path / "m.jsonl",
+                    "--progress", 0, "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
+    assert r.rc == 0, r.output
+    recs = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
+    totals = {}
+    for rec in recs:
+        totals.setdefault(rec["iteration"], []).append(rec["batch_size"])
+    schedule = [sum(totals[t]) for t in sorted(totals)]
+    assert sum(schedule) == N * epochs                  # every sample of every epoch
+    # the noise scale was estimated from the workers' norms and recorded
+    phis = [x["noise_scale"] for x in recs if x.get("noise_scale") is not None]
+    assert phis and all(p >= 0 for p in phis)
+    assert any(x.get("noise_point") for x in recs)
+    # the coordinator chose B(t): some batch that is neither B0 nor an epoch's rest
+    rests = {N % b for b in schedule}
+    assert any(b not in (B0, *rests) for b in schedule), schedule
+    lr = [next(x["lr_factor"] for x in recs if x["iteration"] == t) for t in sorted(totals)]
+    assert any(f != 1.0 for f in lr)
+    ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
+    union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
+    # one process replaying the recorded B(t), with the same learning-rate rule
+    env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"),
+               MXLBBSP_LR_SCALING="sqrt")
+    subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
+                    "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
+    replay = json.load(open(single / "single.json"))["batches"]
+    assert [sorted(b) for b in replay] == union         # exactly the same batches
+    dist = mx.nd.load(str(job / "rank0.params"))
+    one = mx.nd.load(str(single / "single.params"))
+    assert relative_difference(dist, one) <= 1e-4
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--sync", "goodput", "--batch-range", "64:32"], "inverted"),
+    (["--sync", "goodput", "--batch-range", "0:0"], "inverted"),
+    (["--sync", "goodput", "--batch-range", "2:64"], "below the number of workers"),
+    (["--sync", "goodput", "--deadline", "5m"], "--deadline"),
+    (["--sync", "goodput", "--epochs", "3"], "--epochs"),
+    (["--sync", "lbbsp", "--goodput-model", "homo"], "only --sync goodput"),
+    (["--sync", "bsp", "--batch-range", "8:64"], "--batch-range"),
+])
+def test_launch_refuses_bad_goodput_options_before_starting_anything(capsys, args, words):
+    assert main(["launch", "-n", "4", *args, "--", "python", "-c", "pass"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+    assert "started" not in captured.out + captured.err
