@@ -30,13 +30,18 @@ import argparse
 import math
 import re
 import tempfile
+import time
 from pathlib import Path
 
+import mxnet as mx
 import numpy as np
+from mxnet import autograd, gluon, nd
 
 import _common as C
 import _suite as S
-from mxlbbsp import metrics as _metrics
+import mxlbbsp
+from mxlbbsp.core import metrics as _metrics
+from mxlbbsp.models import get_model
 
 EVAL = re.compile(r"eval: iteration=(\d+) accuracy=([\d.]+) train_s=([\d.]+)")
 
@@ -71,13 +76,6 @@ def norm_cost(reps: int = 30):
     """The worker's extra work in goodput mode, side by side in one process: the squared
     norm of the gradient (Trainer.grad_sqr) against one forward + backward pass, for the
     digits MLP (B=64) and a BatchNorm ResNet-20 on 32x32 images (B=32)."""
-    import time
-
-    import mxnet as mx
-    from mxnet import autograd, gluon, nd
-
-    import mxlbbsp
-    from mxlbbsp.models import get_model
     out = {}
     for model, shape, B in (("mlp", (1, 8, 8), 64), ("resnet20", (3, 32, 32), 32)):
         mx.random.seed(0)

@@ -248,7 +248,8 @@ def cli(verbose):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning,
            deadline,
-           batch_range, lr_scaling, goodput_model, epochs, predictor, time_model, exog, signal_spec, threshold,
+           batch_range, lr_scaling, goodput_model, epochs, predictor, time_model, exog,
+           signal_spec, threshold,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,

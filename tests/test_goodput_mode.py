@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from mxlbbsp import balancer as _bal
+from mxlbbsp.core import timemodel as _bal
 from mxlbbsp.core import noise
 from mxlbbsp.modes import goodput
 

@@ -9,6 +9,7 @@ from ._api import (Control, ControlConfig, CoordinatorPolicy, SyncMode, UnknownM
 from . import lbbsp, bsp, asp  # noqa: F401  (registers lbbsp first: the default)
 from . import r2sp  # noqa: F401
 from . import courier  # noqa: F401
+from . import goodput  # noqa: F401
 
 DEFAULT = available()[0]
 

@@ -149,6 +149,9 @@ class SyncMode:
     sets_batch: ClassVar[bool] = False
     #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
     checkpoints: ClassVar[bool] = False
+    #: the workers report |their gradient sum|^2 (and rank 0 the global one's): goodput's
+    #: noise scale (mxlbbsp.core.noise); an extra pass over the gradients, so off elsewhere
+    grad_norms: ClassVar[bool] = False
     #: the mode's own options: key (in the options dict its policy gets) -> command-line
     #: flag of ``mxlbbsp launch`` (its LaunchConfig field is the flag's name with _ for -)
     options: ClassVar[Dict[str, str]] = {}

@@ -36,10 +36,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import _env
-from .. import balancer as _bal
-from .. import courier as _planner
-from ..core import noise as _noise
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import noise as _noise
+from mxlbbsp.core import planner as _planner
+from mxlbbsp.core import split as _split
+from mxlbbsp.core import timemodel as _tm
+
 from ._api import SyncMode, register
 from .lbbsp import LBBSPPolicy
 
@@ -53,16 +56,16 @@ EMA_ALPHA = 0.2
 GAIN_MARGIN = 0.05
 
 
-def equal_split_time(model: _bal.TimeModel, sync_s: float, batch: int) -> float:
+def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
     """The iteration time of an equal split of ``batch``: the slowest worker's a_i +
     (B/n)/v_i, plus the push/pull (the homogeneous throughput model)."""
     if int(batch) < len(model.speed):
         return math.inf
-    sizes = _bal.equal_split(int(batch), len(model.speed))
+    sizes = _split.equal_split(int(batch), len(model.speed))
     return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
 
 
-def iteration_model(kind: str, model: _bal.TimeModel, sync_s: float, max_batch=None):
+def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None):
     """B -> predicted iteration time under the ``hetero`` (LB-BSP makespan) or ``homo``
     (equal split) throughput model."""
     if kind == "homo":
@@ -162,7 +165,7 @@ class GoodputPolicy(LBBSPPolicy):
     def first_split(self, global_batch):
         B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
         self.totals[0] = B
-        return _bal.equal_split(B, self.num_workers)
+        return _split.equal_split(B, self.num_workers)
 
     # ---- noise -------------------------------------------------------------------------
 
@@ -219,26 +222,26 @@ class GoodputPolicy(LBBSPPolicy):
 
     def warmup(self, t, next_B, current):
         B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _bal.rescale(current, B)
-        self.coordinator._send_allocation(t + 1, sizes)
+        sizes = _split.rescale(current, B)
+        self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         return sizes
 
     def plan(self, t, model, next_B, current):
-        current = self.coordinator._sizes
+        current = self.coordinator.current_split
         N = self.dataset_size
         done = self.trained + self.totals.get(t, 0)
         B = self.totals.get(t, self.lo)
         phi = self.noise.noise_scale if self.noise is not None else math.nan
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
-                                 self.coordinator._balancer.max_batch)
+                                 self.coordinator.balancer.max_batch)
             B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
         B = self._cap(B, next_B)
         if current is not None and int(current.sum()) != B:
-            current = _bal.rescale(current, B)
-        sizes = self.coordinator._balancer.allocate(model, B, current)
-        self.coordinator._send_allocation(t + 1, sizes)
+            current = _split.rescale(current, B)
+        sizes = self.coordinator.balancer.allocate(model, B, current)
+        self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
@@ -286,9 +289,9 @@ class Goodput(SyncMode):
             _planner.parse_batch_range(opts["batch_range"])
         except _planner.PlanError as exc:
             return str(exc)
-        if opts["lr_scaling"] not in _planner.LR_SCALING:
+        if opts["lr_scaling"] not in _lr.LR_SCALING:
             return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
-                    f"{', '.join(_planner.LR_SCALING)}")
+                    f"{', '.join(_lr.LR_SCALING)}")
         if opts["goodput_model"] not in GOODPUT_MODELS:
             return (f"--goodput-model {opts['goodput_model']!r}: choose one of "
                     f"{', '.join(GOODPUT_MODELS)}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -149,6 +150,11 @@ class Session:
         #: optimizer's momentum, whether the model has BatchNorm layers (the diagnoses and
         #: the default --min-batch-size)
         self.model_info: Dict[str, object] = {}
+        #: |sum of this worker's per-sample gradients|^2 of this iteration, and (rank 0) of
+        #: the global sum after the pull: set by the trainer in modes that ask for them
+        #: (``grad_norms``: goodput's noise scale), sent with the report and the done
+        self.grad_sqr: Optional[float] = None
+        self.global_grad_sqr: Optional[float] = None
         self._info_sent = False
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
         addr = _env.coordinator(env)
@@ -381,6 +387,9 @@ class Session:
             lr = self.lr_factor()
             if lr != 1.0:
                 msg["lr_factor"] = lr
+            if self.grad_sqr is not None:
+                msg["grad_sqr"] = self.grad_sqr if math.isfinite(self.grad_sqr) else None
+                self.grad_sqr = None
             self._send(msg)
         self.reported = self.iteration
 
@@ -416,8 +425,13 @@ class Session:
         self._t_end = now
         if self.coordinated:
             self._signals.begin()       # the next compute phase starts now
-            self._send(P.done(self.iteration, self._alloc_wait + self._slot_wait + sync, sync,
-                              iteration_s))
+            msg = P.done(self.iteration, self._alloc_wait + self._slot_wait + sync, sync,
+                         iteration_s)
+            if self.global_grad_sqr is not None:
+                msg["global_grad_sqr"] = (self.global_grad_sqr
+                                          if math.isfinite(self.global_grad_sqr) else None)
+                self.global_grad_sqr = None
+            self._send(msg)
         self._slot_wait = 0.0
 
     def close(self) -> None:

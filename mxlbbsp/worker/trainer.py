@@ -247,6 +247,8 @@ class Trainer(gluon.Trainer):
                 sess.model_info = {"batchnorm": bool(self._aux)}
                 if self._momentum() is not None:
                     sess.model_info["momentum"] = self._momentum()
+            if sess.coordinated and sess.mode.grad_norms:
+                sess.grad_sqr = self.grad_sqr()
             sess.gradients_ready()
             sess.before_push()
         if not self._kv_initialized:
@@ -280,6 +282,9 @@ class Trainer(gluon.Trainer):
         if not (self._distributed and self._update_on_kvstore):
             self._optimizer.rescale_grad = self._scale / norm
         self._reduced = False
+        if sess is not None and sess.coordinated and sess.rank == 0 and self._distributed \
+                and not self._update_on_kvstore and sess.mode.grad_norms:
+            sess.global_grad_sqr = self.grad_sqr()     # the pulled sum of every worker's
         self._update(ignore_stale_grad)
         if sess is not None and self._distributed and not self._update_on_kvstore:
             self._combine_aux(sess.batch_local, sess.batch_global)
@@ -294,6 +299,17 @@ class Trainer(gluon.Trainer):
                     (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
                 with sess.untimed():
                     self.save_checkpoint(self._ckpt_dir)
+
+    def grad_sqr(self) -> float:
+        """|gradient|^2 over every trained parameter (float64 sum of float32 squares; one
+        wait for the engine): of the per-sample sum before the push, of the workers' summed
+        gradient after the pull (goodput's noise scale, mxlbbsp.core.noise)."""
+        grads = [p.list_grad()[0] for p in self._params if p.grad_req != "null"]
+        if not grads:
+            return 0.0
+        # one operator for every array (MXNet's LARS/LAMB kernel), summed in float64 here
+        sums = nd.multi_sum_sq(*grads, num_arrays=len(grads))
+        return float(np.sum(sums.asnumpy(), dtype=np.float64))
 
     def _allreduce_grads(self):
         """Gradient sums from the servers: ``push`` then ``pull``, never ``pushpull``.
