@@ -158,3 +158,29 @@ def test_plan_goodput_bad_input(tmp_path, capsys, args, words):
     assert main(["plan", str(path), "--goodput", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_report_plots_the_noise_scale_of_a_goodput_run(tmp_path):
+    import json
+
+    from mxlbbsp.analysis.report import write_report
+    path = tmp_path / "goodput.jsonl"
+    with open(path, "w") as fh:
+        for t in range(30):
+            B = 64 if t < 10 else 128
+            for rank in range(2):
+                fh.write(json.dumps({
+                    "iteration": t, "rank": rank, "batch_size": B // 2, "compute_s": 0.01,
+                    "wait_s": 0.001, "sync_s": 0.001, "iteration_s": 0.011, "speed": B / 0.02,
+                    "predicted_speed": None, "cpu_percent": 50.0, "mem_percent": 10.0,
+                    "sync": "goodput", "predictor": "last", "time": 1.0 + t,
+                    "global_batch": B, "lr_factor": (B / 64) ** 0.5,
+                    "batch_range": [16, 512], "goodput_model": "hetero",
+                    "noise_scale": None if t < 3 else 100.0 + t, "goodput": 1000.0 + t,
+                    "efficiency": (100.0 + 64) / (100.0 + B), "adascale_gain": None,
+                    "noise_point": [0.1, 10.0]}) + "\n")
+    index = write_report([str(path)], str(tmp_path / "out"))
+    assert (tmp_path / "out" / "run-goodput.png").stat().st_size > 10000
+    html = open(index).read()
+    assert "run-goodput.png" in html and "noise scale" in html
+    assert "run-plan.png" not in html              # not a courier run

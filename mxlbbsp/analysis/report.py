@@ -529,6 +529,61 @@ def plot_plan(run: Run, path: str) -> str:
         return _save(fig, path)
 
 
+def _has_goodput(run: Run) -> bool:
+    """A run whose coordinator chose the global batch by goodput (``--sync goodput``)."""
+    return any(r.get("goodput_model") is not None for r in run.records)
+
+
+def plot_goodput(run: Run, path: str) -> str:
+    """Goodput: the global batch B(t) it chose, the gradient noise scale it measured, and
+    the statistical efficiency and learning-rate factor at B(t)."""
+    matplotlib, _, _ = _mpl()
+    first = {}
+    for r in run.records:
+        first.setdefault(int(r["iteration"]), r)
+    its = np.array(sorted(first))
+    rec = [first[t] for t in its]
+    B = np.array([_float(r.get("global_batch")) for r in rec])
+    phi = np.array([_float(r.get("noise_scale")) for r in rec])
+    eff = np.array([_float(r.get("efficiency")) for r in rec])
+    lr = np.array([_float(r.get("lr_factor", 1.0)) for r in rec])
+    lo_hi = next((r.get("batch_range") for r in rec if r.get("batch_range")), None)
+    kind = next((r.get("goodput_model") for r in rec if r.get("goodput_model")), "hetero")
+    with matplotlib.rc_context(_STYLE):
+        fig = _figure(11, 7.2)
+        ax, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 2.2, 1.2])
+        ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
+        if lo_hi:
+            for y in lo_hi:
+                ax.axhline(y, color="#999999", lw=0.8, ls=":")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("global batch (samples)")
+        ax.set_title(f"Global batch chosen for the most goodput ({kind} throughput model)",
+                     loc="left")
+        ok = np.isfinite(phi)
+        ax2.plot(its[ok], phi[ok], lw=1.6, color="#9467bd",
+                 label="noise scale tr(\u03a3)/|G|\u00b2 (samples)")
+        ax2.plot(its, B, lw=1.0, color="#1f77b4", ls="--", label="B(t)")
+        ax2.set_ylim(bottom=0)
+        ax2.set_ylabel("samples")
+        ax2.set_title("Gradient noise scale measured from the workers' local gradients",
+                      loc="left")
+        ax2.legend(loc="best", fontsize=8)
+        ok = np.isfinite(eff)
+        ax3.plot(its[ok], eff[ok], drawstyle="steps-mid", lw=1.4, color="#d62728",
+                 label="statistical efficiency at B(t)")
+        ax3.plot(its, lr, drawstyle="steps-mid", lw=1.4, color="#2ca02c",
+                 label="lr factor (--lr-scaling)")
+        ax3.set_ylim(bottom=0)
+        ax3.legend(loc="best", fontsize=8)
+        ax3.set_title("Efficiency (phi + B0) / (phi + B) and the learning-rate factor",
+                      loc="left", fontsize=9.5)
+        ax3.set_xlabel(_xlabel(run))
+        _int_xaxis(ax3)
+        fig.suptitle(_title_of(run))
+        return _save(fig, path)
+
+
 def plot_time(run: Run, path: str) -> str:
     """Compute and wait time per iteration (two panels) and the per-worker mean split."""
     matplotlib, _, _ = _mpl()
@@ -940,8 +995,12 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
         "plan": "Courier: the global batch B(t) the coordinator chose (top), its prediction "
                 "of when the remaining work ends at that batch, against the deadline "
                 "(middle), and the learning-rate factor that followed B(t) (bottom).",
+        "goodput": "Goodput: the global batch B(t) the coordinator chose (top), the gradient "
+                   "noise scale it measured from the workers' local gradient norms (middle), "
+                   "and the statistical efficiency at B(t) with the learning-rate factor "
+                   "(bottom).",
     }
-    for kind in ("plan", "batch", "time", "speed"):
+    for kind in ("goodput", "plan", "batch", "time", "speed"):
         if kind in images:
             src = html.escape(images[kind])
             out.append(f'<figure><img src="{src}" alt="{kind} plot of {html.escape(run.label)}">'
@@ -1058,6 +1117,8 @@ def _write(runs: Sequence[Run], out_dir: str) -> str:
         plots = [("batch", plot_batch), ("time", plot_time), ("speed", plot_speed)]
         if _has_plan(run):
             plots.insert(0, ("plan", plot_plan))
+        if _has_goodput(run):
+            plots.insert(0, ("goodput", plot_goodput))
         for kind, plot in plots:
             name = f"{prefix}-{kind}.png"
             plot(run, os.path.join(out_dir, name))
