@@ -18,16 +18,18 @@ from test_coordinator import coordinator, sessions  # noqa: F401  (fixture)
 
 
 def test_registry_names_labels_and_kvstores():
-    assert modes.available() == ["lbbsp", "bsp", "asp", "r2sp", "courier"]
+    assert modes.available() == ["lbbsp", "bsp", "asp", "r2sp", "courier", "goodput"]
     assert modes.DEFAULT == "lbbsp"
     assert modes.labels() == {"lbbsp": "LB-BSP", "bsp": "BSP", "asp": "ASP", "r2sp": "R2SP",
-                              "courier": "Courier"}
+                              "courier": "Courier", "goodput": "goodput"}
     assert [modes.get(m).kvstore for m in modes.available()] == \
-        ["dist_sync", "dist_sync", "dist_async", "dist_async", "dist_sync"]
+        ["dist_sync", "dist_sync", "dist_async", "dist_async", "dist_sync", "dist_sync"]
     assert [modes.get(m).follows_allocations for m in modes.available()] == \
-        [True, False, False, True, True]
+        [True, False, False, True, True, True]
     assert [modes.get(m).sets_batch for m in modes.available()] == \
-        [False, False, False, False, True]
+        [False, False, False, False, True, True]
+    assert [modes.get(m).grad_norms for m in modes.available()] == \
+        [False, False, False, False, False, True]
     with pytest.raises(modes.UnknownMode, match="unknown sync mode 'bogus'; choose one of"):
         modes.get("bogus")
 
@@ -48,7 +50,7 @@ def test_unregistered_mode_is_refused_by_env_and_launch_config():
     with pytest.raises(_env.EnvError, match="MXLBBSP_SYNC='bogus': not a sync mode"):
         modes.from_env({"MXLBBSP_SYNC": "bogus"})
     with pytest.raises(ConfigError, match=r"^--sync 'bogus': choose one of lbbsp, bsp, asp, "
-                       r"r2sp, courier$"):
+                       r"r2sp, courier, goodput$"):
         LaunchConfig(command=["x"], num_workers=1, sync="bogus")
 
 
