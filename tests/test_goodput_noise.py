@@ -109,3 +109,37 @@ def test_state_round_trip():
     copy = noise.NoiseScale(16)
     copy.load(est.state())
     assert copy.noise_scale == est.noise_scale and copy.count == 2
+
+
+def test_cautious_noise_scale_stays_finite_when_the_gradient_is_lost_in_noise():
+    """|G|^2 far below tr(Sigma)/B: the smoothed S goes near or below 0 and the point phi
+    explodes; the cautious phi stays within what one standard error supports."""
+    rng = np.random.default_rng(3)
+    d, sizes = 500, [200, 200, 70]
+    G = np.full(d, 1e-4)
+    sd = np.ones(d)
+    est = noise.NoiseScale(base_batch=64)
+    lows = []
+    for _ in range(200):
+        sums = _sums(rng, G, sd, sizes)
+        total = np.sum(sums, axis=0)
+        est.update([float(s @ s) for s in sums], sizes, float(total @ total))
+        lows.append(est.noise_scale_low)
+    assert all(math.isfinite(x) and x > 0 for x in lows)
+    # bounded by V / se(S): the measurements cannot tell |G|^2 from 0 below one stderr
+    assert est.noise_scale_low <= est.var / est.sqr_stderr * (1 + 1e-9)
+    assert est.noise_scale_low < 1e6 < float(sd @ sd) / float(G @ G)
+
+
+def test_cautious_noise_scale_is_close_when_the_gradient_is_well_measured():
+    rng = np.random.default_rng(4)
+    d, sizes = 1000, [8, 24, 96]
+    G = rng.standard_normal(d) * 0.05
+    sd = rng.uniform(0.5, 1.5, d)
+    est = noise.NoiseScale(base_batch=128)
+    for _ in range(300):
+        sums = _sums(rng, G, sd, sizes)
+        total = np.sum(sums, axis=0)
+        est.update([float(s @ s) for s in sums], sizes, float(total @ total))
+    assert est.noise_scale_low <= est.noise_scale
+    assert est.noise_scale_low == pytest.approx(est.noise_scale, rel=0.2)

@@ -18,7 +18,10 @@ unbiased for any split; with equal b_i it is AdaptDL's two-point estimator (the 
 norm against the global one). Single iterations are noisy (V can come out negative), so S
 and V are smoothed over iterations by an exponential moving average with the start-up bias
 corrected, each iteration weighted by its samples: the decay per iteration is
-``smoothing ** (B / B0)`` (B0 the base batch), as in Pollux/AdaptDL.
+``smoothing ** (B / B0)`` (B0 the base batch), as in Pollux/AdaptDL. Late in training |G|^2
+is small against tr(Sigma)/B and its smoothed estimate can reach 0 or below (phi "infinite":
+every batch would look fully efficient); planning therefore uses ``noise_scale_low``, with
+|G|^2 raised by one standard error of its smoothed estimate.
 
 What follows from S and V (Pollux, OSDI'21; AdaScale, ICML'20), with B0 the base batch::
 
@@ -98,6 +101,7 @@ class NoiseScale:
         self.base_batch = int(base_batch)
         self.smoothing = float(smoothing)
         self._sqr = self._var = self._norm = 0.0
+        self._sqr2 = self._norm2 = 0.0       # for the standard error of the smoothed S
         self.count = 0                       # iterations taken in
 
     # ---- updating ----------------------------------------------------------------------
@@ -119,6 +123,8 @@ class NoiseScale:
         self._sqr = decay * self._sqr + (1.0 - decay) * point.sqr
         self._var = decay * self._var + (1.0 - decay) * point.var
         self._norm = decay * self._norm + (1.0 - decay)
+        self._sqr2 = decay * self._sqr2 + (1.0 - decay) * point.sqr ** 2
+        self._norm2 = decay ** 2 * self._norm2 + (1.0 - decay) ** 2
         self.count += 1
 
     # ---- estimates ---------------------------------------------------------------------
@@ -146,6 +152,32 @@ class NoiseScale:
         """phi = tr(Sigma) / |G|^2, in samples (nan before any update)."""
         return self.var / self.sqr if self.known else math.nan
 
+    @property
+    def sqr_stderr(self) -> float:
+        """Standard error of the smoothed S: the spread of the per-iteration estimates over
+        the effective number of iterations in the average (nan before two updates)."""
+        if self.count < 2 or self._norm <= 0 or self._norm2 <= 0:
+            return math.nan
+        mean = self._sqr / self._norm
+        spread = max(self._sqr2 / self._norm - mean * mean, 0.0)
+        n_eff = self._norm * self._norm / self._norm2
+        return math.sqrt(spread / max(n_eff, 1.0))
+
+    @property
+    def noise_scale_low(self) -> float:
+        """A cautious phi: tr(Sigma) over max(|G|^2, 0) plus one standard error of its
+        estimate.
+
+        Late in training |G|^2 is small against tr(Sigma)/B and its estimate may be near or
+        below 0, which would make phi huge and every batch look fully efficient; the one
+        standard error keeps phi to what the measurements can support (a planner that moves
+        B by phi uses this one)."""
+        if not self.known:
+            return math.nan
+        se = self.sqr_stderr
+        upper = max(self._sqr / self._norm, 0.0) + (se if math.isfinite(se) else 0.0)
+        return self.var / max(upper, self.MIN_SQR)
+
     def gain(self, batch: float) -> float:
         """AdaScale's gain at ``batch`` against B0 (1 before any update)."""
         return gain(self.noise_scale, batch, self.base_batch)
@@ -154,11 +186,13 @@ class NoiseScale:
         return efficiency(self.noise_scale, batch, self.base_batch)
 
     def state(self) -> dict:
-        return {"sqr": self._sqr, "var": self._var, "norm": self._norm, "count": self.count}
+        return {"sqr": self._sqr, "var": self._var, "norm": self._norm, "count": self.count,
+                "sqr2": self._sqr2, "norm2": self._norm2}
 
     def load(self, state: dict) -> None:
         self._sqr, self._var = float(state["sqr"]), float(state["var"])
         self._norm, self.count = float(state["norm"]), int(state["count"])
+        self._sqr2, self._norm2 = float(state["sqr2"]), float(state["norm2"])
 
 
 def efficiency(phi: float, batch, base_batch: float):

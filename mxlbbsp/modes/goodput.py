@@ -9,7 +9,9 @@ workers' own, unequal, local batches (:mod:`mxlbbsp.core.noise`)::
                  * (phi + B0) / (phi + B)
 
 for each candidate B in ``--batch-range`` (Courier's geometric grid), phi = tr(Sigma)/|G|^2
-the smoothed noise scale, B0 the DataLoader's ``global_batch_size``. ``--goodput-model
+the smoothed noise scale (the cautious one, ``NoiseScale.noise_scale_low``, recorded as
+``noise_scale``; the point estimate as ``noise_scale_point``), B0 the DataLoader's
+``global_batch_size``. ``--goodput-model
 homo`` instead predicts the iteration time of an *equal* split (the slowest worker's time at
 B/n: what a model of equal replicas such as AdaptDL's measures on these workers); the split
 is LB-BSP's either way, so the two differ only in the B they choose.
@@ -232,7 +234,7 @@ class GoodputPolicy(LBBSPPolicy):
         N = self.dataset_size
         done = self.trained + self.totals.get(t, 0)
         B = self.totals.get(t, self.lo)
-        phi = self.noise.noise_scale if self.noise is not None else math.nan
+        phi = self.noise.noise_scale_low if self.noise is not None else math.nan
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch)
@@ -246,6 +248,8 @@ class GoodputPolicy(LBBSPPolicy):
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
         note["noise_scale"] = phi if math.isfinite(phi) else None
+        point = self.noise.noise_scale if self.noise is not None else math.nan
+        note["noise_scale_point"] = point if math.isfinite(point) else None
         if row is not None:
             note["goodput"] = row.goodput
             note["efficiency"] = row.efficiency
@@ -262,7 +266,8 @@ class GoodputPolicy(LBBSPPolicy):
         if phi is not None and self.noise is not None and B:
             gain = _noise.gain(phi, B, self.noise.base_batch)
         return {"batch_range": [self.lo, self.hi], "goodput_model": self.kind,
-                "noise_scale": phi, "goodput": note.get("goodput"),
+                "noise_scale": phi, "noise_scale_point": note.get("noise_scale_point"),
+                "goodput": note.get("goodput"),
                 "efficiency": note.get("efficiency"), "adascale_gain": gain,
                 "noise_point": note.get("noise_point")}
 
