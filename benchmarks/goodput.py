@@ -111,8 +111,9 @@ def norm_cost(reps: int = 30):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="1 seed")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--quick", action="store_true",
+                   help="1 seed (unless --seeds), no waiting for a quiet machine")
+    p.add_argument("--seeds", type=int, help="seeds per cluster (default 3, --quick 1)")
     p.add_argument("--clusters", default="1,3;1,1,3", help="slowdown factors; ';' between")
     p.add_argument("--fixed", default="32,64,128,256", help="LB-BSP arms' global batches")
     p.add_argument("--batch-size", type=int, default=64, help="B0 (BSP's, goodput's start)")
@@ -126,11 +127,13 @@ def main():
     args = p.parse_args()
     if C.smoke(args):
         args.seeds, args.clusters, args.fixed, args.iterations = 1, "1,3", "64", 12
-    seeds = 1 if args.quick else args.seeds
+    seeds = args.seeds or (1 if args.quick else 3)
     B0 = args.batch_size
     fixed = [int(x) for x in args.fixed.split(",")]
     table = arms(fixed, B0)
     name = "goodput" + ("_quick" if args.quick else "")
+    if args.clusters != p.get_default("clusters"):
+        name += "_" + args.clusters.replace(",", "").replace(";", "_")
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
     cost = norm_cost(5 if C.SMOKE else 30)
     results = {}
