@@ -565,7 +565,8 @@ def test_report_plots_the_plan_of_a_courier_run(tmp_path):
      "inverted"),
     (["--sync", "courier", "--epochs", "1", "--deadline", "5m", "--batch-range", "2:64"],
      "below the number of workers"),
-    (["--sync", "bsp", "--deadline", "5m"], "only --sync courier chooses the global batch"),
+    (["--sync", "bsp", "--deadline", "5m"],
+     "only --sync courier or --sync goodput chooses the global batch"),
     (["--sync", "courier", "--deadline", "5m"], "--epochs"),
 ])
 def test_launch_refuses_bad_courier_options_before_starting_anything(capsys, args, words):

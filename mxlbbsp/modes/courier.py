@@ -34,7 +34,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 
-from ._api import SyncMode, register
+from ._api import SyncMode, available, get, register
 from .lbbsp import LBBSPPolicy
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,12 @@ class Courier(SyncMode):
         return None
 
     def misplaced(self, flags, sync) -> str:
-        return (f"{', '.join(flags)}: only --sync courier chooses the global batch; --sync "
+        if get(sync).sets_batch:        # goodput: chooses B too, but not for a deadline
+            return (f"{', '.join(flags)}: options of --sync courier (a deadline); --sync "
+                    f"{sync} chooses the global batch by its own rule. Drop them or use "
+                    "--sync courier")
+        choosers = " or ".join(f"--sync {m}" for m in available() if get(m).sets_batch)
+        return (f"{', '.join(flags)}: only {choosers} chooses the global batch; --sync "
                 f"{sync} trains with the fixed batch of the DataLoader. Drop them or use "
                 "--sync courier")
 
