@@ -14,7 +14,6 @@ import click
 from mxlbbsp import modes
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
-from mxlbbsp.modes.r2sp import TUNINGS as R2SP_TUNINGS
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
 
@@ -102,6 +101,21 @@ class _Group(click.Group):
                              "Docs: README.md and docs/ARCHITECTURE.md.")
 
 
+#: click's parameter name of each sync mode's option -> its flag
+_MODE_PARAMS = {"mode_" + flag.lstrip("-").replace("-", "_"): flag for flag in modes.all_options()}
+
+
+def _mode_options(command):
+    """The sync modes' own options, generated from their declarations (``SyncMode.options``):
+    a new mode's options need no line here."""
+    for param, flag in reversed(list(_MODE_PARAMS.items())):
+        opt, names = modes.all_options()[flag]
+        kind = click.Choice(opt.type) if isinstance(opt.type, tuple) else opt.type
+        command = click.option(flag, param, type=kind, metavar=opt.metavar,
+                               help=f"{', '.join(names)}: {opt.help}")(command)
+    return command
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mxlbbsp")
 @click.option("-v", "--verbose", is_flag=True,
@@ -133,23 +147,7 @@ def cli(verbose):
 @click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
-@click.option("--r2sp-gap-ratio", type=float, metavar="R",
-              help="r2sp: push slots are spaced R x the iteration time / n, R in (0, 1] "
-                   "(default 0.8).")
-@click.option("--r2sp-tuning", type=click.Choice(R2SP_TUNINGS),
-              help="r2sp: per-worker batch tuning: paper (b += blocked time x speed), "
-                   "balancer (LB-BSP's split), none (equal) (default paper).")
-@click.option("--deadline", metavar="DURATION",
-              help="courier: the time budget of --epochs epochs, with a unit (90s, 15m, "
-                   "1h30m). The coordinator re-chooses the global batch as the job runs: the "
-                   "smallest in --batch-range predicted to meet it.")
-@click.option("--batch-range", metavar="MIN:MAX",
-              help="courier: the global batch sizes to choose from (default 64:1024).")
-@click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none"]),
-              help="courier: the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                   "global_batch_size): linear (default, Goyal et al.), sqrt, none.")
-@click.option("--epochs", type=float, metavar="E",
-              help="courier: how many epochs of the data set --deadline covers.")
+@_mode_options
 @click.option("--predictor", default="narx", show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (kernel units and "
                    "a least-squares output layer on past speeds and the --exog signals), ema, "
@@ -240,14 +238,13 @@ def cli(verbose):
               help="Log each allocation (iteration, predicted speeds, the split) and the "
                    "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning,
-           deadline,
-           batch_range, lr_scaling, epochs, predictor, time_model, exog, signal_spec, threshold,
+def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_model, exog,
+           signal_spec, threshold,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
-           command):
+           command, **mode_values):
     from .job import run_job
 
     configure_logging(verbose)
@@ -263,8 +260,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port,
         ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
-        dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
-        deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs,
+        dry_run=dry_run, mode_options={_MODE_PARAMS[k]: v for k, v in mode_values.items()},
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts)
     return run_job(config)

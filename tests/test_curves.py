@@ -156,7 +156,8 @@ def _records(sizes, compute, iteration_s, n_iter=10, sync="lbbsp", **extra):
         for r, (b, c) in enumerate(zip(sizes, compute)):
             out.append({"iteration": t, "rank": r, "batch_size": b, "compute_s": c,
                         "speed": b / c, "wait_s": iteration_s - c, "iteration_s": iteration_s,
-                        "sync": sync, "time": float(t), **(extra if t == 0 else {})})
+                        "sync": sync, "barrier": sync not in ("asp", "r2sp"),
+                        "time": float(t), **(extra if t == 0 else {})})
     return out
 
 

@@ -460,8 +460,9 @@ def plot_batch(run: Run, path: str) -> str:
 
 
 def _has_plan(run: Run) -> bool:
-    """A run whose coordinator chose the global batch for a deadline (``--sync courier``)."""
-    return any(_is_num(r.get("deadline_s")) for r in run.records)
+    """A run whose coordinator chose the global batch B(t) (a mode that ``sets_batch``)."""
+    mode = _mode(run.sync)
+    return mode is not None and mode.sets_batch
 
 
 def plot_plan(run: Run, path: str) -> str:
@@ -477,7 +478,9 @@ def plot_plan(run: Run, path: str) -> str:
     finish = np.array([_float(r.get("predicted_finish_s")) for r in rec])
     elapsed = np.array([_float(r.get("elapsed_s")) for r in rec])
     lr = np.array([_float(r.get("lr_factor", 1.0)) for r in rec])
-    deadline = next(_float(r["deadline_s"]) for r in rec if _is_num(r.get("deadline_s")))
+    # courier's deadline; a mode that chooses B(t) for another goal has none
+    deadline = next((_float(r["deadline_s"]) for r in rec if _is_num(r.get("deadline_s"))),
+                    math.nan)
     lo_hi = next((r.get("batch_range") for r in rec if r.get("batch_range")), None)
     with matplotlib.rc_context(_STYLE):
         fig = _figure(11, 7.2)
@@ -498,10 +501,11 @@ def plot_plan(run: Run, path: str) -> str:
         ok = np.isfinite(elapsed)
         ax2.plot(its[ok], elapsed[ok], lw=1.2, color="#555555", ls="--",
                  label="time elapsed (s from launch)")
-        ax2.axhline(deadline, color="black", lw=1.2, label=f"deadline ({deadline:g} s)")
+        if math.isfinite(deadline):
+            ax2.axhline(deadline, color="black", lw=1.2, label=f"deadline ({deadline:g} s)")
         done = np.array([_float(r.get("done_s")) for r in rec])
         ended = float(np.nanmax(done)) if np.isfinite(done).any() else math.nan
-        if math.isfinite(ended):
+        if math.isfinite(ended) and math.isfinite(deadline):
             missed = ended > deadline
             ax2.plot([its[np.nanargmax(done)]], [ended], marker="X", ms=10, ls="none",
                      color="#d62728" if missed else "#2ca02c",
@@ -510,8 +514,10 @@ def plot_plan(run: Run, path: str) -> str:
                               else f"met, {deadline - ended:.1f} s to spare)"))
         # the axis shows the deadline, where training ended and the predictions (a spike of
         # the prediction may be cut; the deadline and the end never are)
-        cut = _robust_top(ax2, np.concatenate([finish[np.isfinite(finish)], [deadline]]))
-        must = max(deadline, ended if math.isfinite(ended) else 0.0,
+        cut = _robust_top(ax2, np.concatenate([finish[np.isfinite(finish)],
+                                               [deadline] if math.isfinite(deadline) else []]))
+        must = max(deadline if math.isfinite(deadline) else 0.0,
+                   ended if math.isfinite(ended) else 0.0,
                    float(np.nanmax(elapsed)) if np.isfinite(elapsed).any() else 0.0)
         top = cut if cut else max([must] + list(finish[np.isfinite(finish)]))
         ax2.set_ylim(0, max(top, must) * 1.15)

@@ -594,7 +594,7 @@ class Coordinator:
         """Fail the job when a worker ended while another went on to a later iteration:
         in synchronous training the others would wait for it forever."""
         if not self._bye_at or self.failure is not None \
-                or _modes.get(self.config.sync).kvstore != "dist_sync":
+                or not _modes.get(self.config.sync).barrier:
             return                  # without a barrier per iteration nobody waits for it
         low_rank = min(self._bye_at, key=lambda r: (self._bye_at[r], r))
         low = self._bye_at[low_rank]
@@ -905,6 +905,7 @@ class Coordinator:
             "batch_size": batch, "compute_s": compute, "speed": batch / compute,
             "cpu_percent": report.get("cpu_percent"), "mem_percent": report.get("mem_percent"),
             "slowdown": report.get("slowdown", 1.0), "sync": self.config.sync,
+            "barrier": _modes.get(self.config.sync).barrier,
             "predictor": self.config.predictor, "time": report["time"],
             # Looked up now, not when the report came: a worker's report of t+1 can arrive
             # before the last report of t (ASP, or lines buffered on one connection).

@@ -23,6 +23,9 @@ mxlbbsp's own:
 MXLBBSP_COORDINATOR    host:port of the coordinator (absent: no coordination)
 MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections without it
 MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
+                       | courier, or one registered by a module of MXLBBSP_MODE_MODULES
+MXLBBSP_MODE_MODULES   importable modules (comma-separated) that register more sync modes;
+                       set by the user, forwarded to every role like every MXLBBSP_ variable
 MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
 MXLBBSP_LOCAL_RANK     this worker's index among the job's workers on its host, 0..k-1
@@ -73,6 +76,8 @@ INTERFACE = "DMLC_INTERFACE"
 COORDINATOR = "MXLBBSP_COORDINATOR"
 TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
+#: modules (comma-separated) that register more sync modes (mxlbbsp.modes)
+MODE_MODULES = "MXLBBSP_MODE_MODULES"
 RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 LOCAL_RANK = "MXLBBSP_LOCAL_RANK"

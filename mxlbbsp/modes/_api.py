@@ -29,6 +29,7 @@ the worker side.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
 
 import numpy as np
@@ -81,6 +82,21 @@ class WorkerSession(Protocol):
 
 class UnknownMode(ValueError):
     """A sync mode name that no module registered."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One command-line option of a sync mode: ``mxlbbsp launch`` gets the flag, and the
+    mode's policy the value under ``key`` (None: not given, the mode's default).
+
+    ``type``: str, int, float, or a tuple of the allowed strings. Two modes may declare the
+    same flag (e.g. ``--batch-range``) with the same type: it is one option of both.
+    """
+    key: str
+    flag: str
+    help: str
+    type: object = str
+    metavar: Optional[str] = None
 
 
 class CoordinatorPolicy:
@@ -140,6 +156,9 @@ class SyncMode:
     #: one sentence for ``mxlbbsp launch --help``
     help: ClassVar[str] = ""
     kvstore: ClassVar[str] = "dist_sync"
+    #: every worker waits for all at each iteration's push/pull (else each push is applied
+    #: on its own: gradients may be stale, workers may end at different iterations)
+    barrier: ClassVar[bool] = True
     #: iteration t is the same step on every worker (report: per-iteration sums make sense)
     aligned: ClassVar[bool] = True
     #: the predictor's forecasts drive the split (report: else they are only recorded)
@@ -149,9 +168,8 @@ class SyncMode:
     sets_batch: ClassVar[bool] = False
     #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
     checkpoints: ClassVar[bool] = False
-    #: the mode's own options: key (in the options dict its policy gets) -> command-line
-    #: flag of ``mxlbbsp launch`` (its LaunchConfig field is the flag's name with _ for -)
-    options: ClassVar[Dict[str, str]] = {}
+    #: the mode's own options (``mxlbbsp launch`` flags, generated from this declaration)
+    options: ClassVar[Tuple[Option, ...]] = ()
 
     @property
     def follows_allocations(self) -> bool:
@@ -193,6 +211,18 @@ def register(cls: Type[SyncMode]) -> Type[SyncMode]:
         raise ValueError(f"sync mode {cls.name!r} is unnamed or already registered")
     _REGISTRY[cls.name] = cls()
     return cls
+
+
+def all_options() -> Dict[str, Tuple[Option, List[str]]]:
+    """Every mode's option by flag, with the modes that declare it (registration order)."""
+    out: Dict[str, Tuple[Option, List[str]]] = {}
+    for name, mode in _REGISTRY.items():
+        for opt in mode.options:
+            if opt.flag in out and out[opt.flag][0].type != opt.type:
+                raise ValueError(f"{opt.flag}: modes {out[opt.flag][1]} and {name} declare it "
+                                 "with different types")
+            out.setdefault(opt.flag, (opt, []))[1].append(name)
+    return out
 
 
 def available() -> list:

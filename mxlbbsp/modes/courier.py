@@ -34,7 +34,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 
-from ._api import SyncMode, register
+from ._api import Option, SyncMode, register
 from .lbbsp import LBBSPPolicy
 
 log = logging.getLogger(__name__)
@@ -190,8 +190,19 @@ class Courier(SyncMode):
     uses_predictor = True
     sets_batch = True
     policy = CourierPolicy
-    options = {"deadline": "--deadline", "batch_range": "--batch-range",
-               "lr_scaling": "--lr-scaling", "epochs": "--epochs"}
+    options = (
+        Option("deadline", "--deadline", metavar="DURATION",
+               help="the time budget of --epochs epochs, with a unit (90s, 15m, 1h30m). The "
+                    "coordinator re-chooses the global batch as the job runs: the smallest in "
+                    "--batch-range predicted to meet it."),
+        Option("batch_range", "--batch-range", metavar="MIN:MAX",
+               help="the global batch sizes to choose from (default 64:1024)."),
+        Option("lr_scaling", "--lr-scaling", type=tuple(_lr.LR_SCALING),
+               help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
+                    "global_batch_size): linear (default, Goyal et al.), sqrt, none."),
+        Option("epochs", "--epochs", type=float, metavar="E",
+               help="how many epochs of the data set --deadline covers."),
+    )
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:

@@ -45,7 +45,7 @@ import numpy as np
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
 
-from ._api import CoordinatorPolicy, SyncMode, register
+from ._api import CoordinatorPolicy, Option, SyncMode, register
 
 TUNINGS = ("paper", "balancer", "none")
 log = logging.getLogger(__name__)
@@ -234,8 +234,16 @@ class R2SP(SyncMode):
     help = ("round-robin push slots spaced r*T/n on dist_async servers; batch sizes tuned "
             "(--r2sp-tuning)")
     kvstore = "dist_async"
+    barrier = False
     policy = R2SPPolicy
-    options = {"gap_ratio": "--r2sp-gap-ratio", "tuning": "--r2sp-tuning"}
+    options = (
+        Option("gap_ratio", "--r2sp-gap-ratio", type=float, metavar="R",
+               help="push slots are spaced R x the iteration time / n, R in (0, 1] "
+                    "(default 0.8)."),
+        Option("tuning", "--r2sp-tuning", type=TUNINGS,
+               help="per-worker batch tuning: paper (b += blocked time x speed), balancer "
+                    "(LB-BSP's split), none (equal) (default paper)."),
+    )
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:

@@ -116,13 +116,13 @@ class Trainer(gluon.Trainer):
         if _env.role() != "worker" or _env.rank() != 0:
             return
         try:
-            mode = _modes.from_env().name
+            mode = _modes.from_env()
         except _env.EnvError:
             return
         m = self._momentum()
-        if mode in ("asp", "r2sp") and m is not None and m >= MOMENTUM_WARN:
+        if not mode.barrier and m is not None and m >= MOMENTUM_WARN:
             log.warning("mxlbbsp: warning: momentum %g with --sync %s: stale gradients with "
-                        "momentum often diverge; use momentum 0 or --sync lbbsp", m, mode)
+                        "momentum often diverge; use momentum 0 or --sync lbbsp", m, mode.name)
 
     def _final_checkpoint(self) -> None:
         """atexit, rank 0 with --checkpoint-dir: the job's last state, marked final, when the
