@@ -119,7 +119,7 @@ def test_a_malformed_log_message_fails_the_job(coordinator):
     c = coordinator(1, sync="bsp", predictor="last")
     ss, _ = sessions(c, 1, sync="bsp")
     _step(ss[0], 64, 0.01)
-    ss[0]._send({"type": P.LOG, "iteration": 0, "scalars": {"loss": "high"}})
+    ss[0].send({"type": P.LOG, "iteration": 0, "scalars": {"loss": "high"}})
     deadline = __import__("time").monotonic() + 5
     while c.failure is None and __import__("time").monotonic() < deadline:
         __import__("time").sleep(0.02)

@@ -30,7 +30,18 @@ the worker side.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
+from typing import (
+    Callable,
+    ClassVar,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 import numpy as np
 
@@ -78,6 +89,29 @@ class WorkerSession(Protocol):
     #: the global batch B(t) and this worker's local batch b_i(t) of the current iteration
     batch_global: int
     batch_local: int
+    iteration: int
+    #: connected to a job's coordinator (False in a single process)
+    coordinated: bool
+    #: what :meth:`SyncMode.attach` returned for this session
+    mode_half: object
+
+    def next_global_batch(self) -> Optional[int]:
+        """B(t+1) as the loader sees it (None: the data ends)."""
+
+    def on(self, kind: str, handler: Callable[[dict], None]) -> None:
+        """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
+
+    def set_slice(self, iteration: int, piece: _split.Slice) -> None:
+        """This worker's slice of ``iteration``'s global batch has come."""
+
+    def update(self, change: Callable[[], None]) -> None:
+        """Run ``change()`` under the session's lock and wake :meth:`wait_until`."""
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()``; raises when the job failed."""
+
+    def send(self, msg: dict) -> None:
+        """One protocol message to the coordinator."""
 
 
 class UnknownMode(ValueError):
@@ -197,6 +231,12 @@ class SyncMode:
     def worker_env(self, options: dict) -> dict:
         """Extra environment variables of the mode for every worker (from its options)."""
         return {}
+
+    def attach(self, sess: WorkerSession) -> object:
+        """Once per worker session of a job, before any message arrives: register handlers
+        of the mode's own messages (``sess.on``). Returns what the mode keeps per session
+        (``sess.mode_half``)."""
+        return None
 
     def before_push(self, sess: WorkerSession) -> None:
         """Called once the gradients are ready and reported, before the push."""

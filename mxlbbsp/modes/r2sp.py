@@ -260,5 +260,35 @@ class R2SP(SyncMode):
         nominal = sess.global_batch_size / sess.num_workers
         return nominal, nominal
 
+    def attach(self, sess) -> "PushSlots":
+        return PushSlots(sess)
+
     def before_push(self, sess) -> None:
-        sess.wait_for_slot()
+        if sess.coordinated:
+            sess.mode_half.wait()
+
+
+class PushSlots:
+    """R2SP's worker half: ask the coordinator for a push slot, wait until it is granted.
+
+    The grant also brings this worker's slice of the next iteration."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.granted = -1            # the last iteration granted a push slot
+        sess.on(P.GRANT, self._on_grant)
+
+    def _on_grant(self, msg: dict) -> None:       # the session's receiving thread
+        t = int(msg["iteration"])
+        if msg.get("size") is not None:
+            self.sess.set_slice(t + 1, _split.Slice(int(msg["offset"]), int(msg["size"]),
+                                                    int(msg["total"])))
+
+        def grant():
+            self.granted = max(self.granted, t)
+        self.sess.update(grant)
+
+    def wait(self) -> None:
+        t = self.sess.iteration
+        self.sess.send(P.request(t, self.sess.next_global_batch()))
+        self.sess.wait_until(lambda: self.granted >= t)
