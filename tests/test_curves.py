@@ -11,7 +11,7 @@ import pytest
 
 import mxlbbsp
 from mxlbbsp.core import metrics
-from mxlbbsp.analysis import report
+from mxlbbsp.analysis import runs as report_runs
 from mxlbbsp.worker import scalars
 from mxlbbsp.control.coordinator import auto_min_batch
 
@@ -144,8 +144,8 @@ def test_report_refuses_scalars_that_are_not_numbers(tmp_path):
            "sync": "bsp", "time": 1.0, "iteration_s": 0.1, "scalars": {"loss": "x"}}
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps(rec) + "\n")
-    with pytest.raises(report.InputError, match=r"m.jsonl:1: scalars is"):
-        report.load_run(str(path))
+    with pytest.raises(report_runs.InputError, match=r"m.jsonl:1: scalars is"):
+        report_runs.load_run(str(path))
 
 
 # ---- diagnoses -------------------------------------------------------------------------------
