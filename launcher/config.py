@@ -201,7 +201,7 @@ class LaunchConfig:
     #: the sync modes' own options given, by flag (``{"--deadline": "15m"}``): each mode
     #: declares them (``SyncMode.options``); not given means the mode's default
     mode_options: Dict[str, object] = dataclasses.field(default_factory=dict)
-    # checkpoints (mxlbbsp.checkpoint): periodic, resume, restarts
+    # checkpoints (mxlbbsp.core.store): periodic, resume, restarts
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None
     resume: Optional[str] = None

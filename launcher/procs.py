@@ -31,7 +31,7 @@ GUARD = ["-m", "mxlbbsp.launcher.guard"]
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
 #: ``<EXIT_MARKER> <code> <the exception's last line>``
 EXIT_MARKER = "mxlbbsp-exit-hook:"
-#: how the library (mxlbbsp.core.env.refuse, mxlbbsp.checkpoint) and the guard refuse bad input
+#: how the library (mxlbbsp.core.env.refuse, mxlbbsp.worker.checkpoint) and the guard refuse bad input
 ERROR_PREFIX = "mxlbbsp: error: "
 
 

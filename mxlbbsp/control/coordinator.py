@@ -253,7 +253,7 @@ class CoordinatorConfig:
     #: time.monotonic() of the job's launch (courier's deadline counts from it); None: when
     #: the coordinator is built
     started: Optional[float] = None
-    # checkpoints (mxlbbsp.checkpoint): where and how often to save the coordinator's state,
+    # checkpoints (mxlbbsp.core.store): where and how often to save the coordinator's state,
     # and, when resuming, the checkpoint's manifest and the state saved with it
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 0

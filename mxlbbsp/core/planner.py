@@ -274,12 +274,6 @@ class BatchPlanner:
 
     # ---- choosing ----------------------------------------------------------------------
 
-    def initial(self, model: _tm.TimeModel, sync_s: float, work: Work,
-                time_left: float, max_batch=None) -> int:
-        """The first batch (from a profile, or the smallest when nothing is known yet)."""
-        self.current = None
-        return self.update(model, sync_s, work, time_left, max_batch, force=True)
-
     def update(self, model: _tm.TimeModel, sync_s: float, work: Work, time_left: float,
                max_batch=None, force: bool = False, epoch: Optional[int] = None) -> int:
         """The global batch for the next iteration (``epoch``: the one it belongs to)."""

@@ -159,7 +159,7 @@ class CoordinatorPolicy:
              current: Optional[np.ndarray]) -> np.ndarray:
         """The split of iteration t+1 (all n reports of t are in).
 
-        May raise :class:`~mxlbbsp.balancer.AllocationError` (the job fails with its text).
+        May raise :class:`~mxlbbsp.core.split.AllocationError` (the job fails with its text).
         """
         return _split.equal_split(next_B, self.num_workers)
 
@@ -200,7 +200,7 @@ class SyncMode:
     policy: ClassVar[Type[CoordinatorPolicy]] = CoordinatorPolicy
     #: the coordinator chooses the global batch B(t) (the workers follow ``total``)
     sets_batch: ClassVar[bool] = False
-    #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
+    #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.core.store)
     checkpoints: ClassVar[bool] = False
     #: the mode's own options (``mxlbbsp launch`` flags, generated from this declaration)
     options: ClassVar[Tuple[Option, ...]] = ()

@@ -8,7 +8,7 @@ iterations, and at once when the current B is predicted to miss): for each candi
     ceil(samples left / B) * (LB-BSP makespan of B over the workers' predicted time models
                               + the measured push/pull time)
 
-and the coordinator takes the smallest B that meets the time left (:mod:`mxlbbsp.courier`,
+and the coordinator takes the smallest B that meets the time left (:mod:`mxlbbsp.core.planner`,
 with hysteresis), or the fastest when none does, and says so. Each B(t) is then split among
 the workers as LB-BSP does. The remaining work is ``--epochs`` epochs of the data set from
 the start of the job, less what has been trained.

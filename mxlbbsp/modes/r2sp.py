@@ -35,7 +35,6 @@ Batch tuning for heterogeneous workers (``--r2sp-tuning``):
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from typing import Dict, Optional, Tuple
@@ -99,7 +98,6 @@ class R2SPPolicy(CoordinatorPolicy):
         self._speed = np.full(n, np.nan)
         self.iteration_time: Optional[float] = None   # T, EMA of unblocked iteration time
         #: the latest grants: (monotonic time, rank, iteration, gap in force) (tests, debug)
-        self.log: collections.deque = collections.deque(maxlen=4096)
 
     @property
     def gap(self) -> float:
@@ -199,12 +197,12 @@ class R2SPPolicy(CoordinatorPolicy):
             self._splits[t + 1] = split
             for old in [k for k in self._splits if k < t]:
                 del self._splits[old]
-        self.log.append((now, rank, t, self.gap))
         if split is not None and next_B is not None and int(split.sum()) != next_B:
             split = _split.rescale(split, next_B)     # a worker that counts batches differently
         piece = None if split is None or next_B is None else _split.slice_of(split, rank)
         log.debug("r2sp: grant rank %d iteration %d (blocked %.4f s, gap %.4f s), next slice %s",
-                  rank, t, now - asked, self.gap, piece)
+                  rank, t, now - asked, self.gap, piece,
+                  extra={"grant": (now, rank, t, self.gap)})   # (when, rank, iteration, gap)
         self.coordinator.send(rank, P.grant(t, piece))
 
     def _decide(self, t: int, next_B: int) -> np.ndarray:
