@@ -12,6 +12,7 @@ from typing import List, Optional
 import click
 
 from mxlbbsp import modes
+from mxlbbsp.control.coordinator import TIME_MODELS
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
 
@@ -101,6 +102,11 @@ class _Group(click.Group):
                              "Docs: README.md and docs/ARCHITECTURE.md.")
 
 
+def _default(field: str):
+    """An option's default is its LaunchConfig field's: written once, there."""
+    return LaunchConfig.__dataclass_fields__[field].default
+
+
 #: click's parameter name of each sync mode's option -> its flag
 _MODE_PARAMS = {"mode_" + flag.lstrip("-").replace("-", "_"): flag for flag in modes.all_options()}
 
@@ -133,7 +139,7 @@ def cli(verbose):
 @click.option("-n", "--num-workers", type=int, metavar="N",
               help="Number of workers (default with -H or in a SLURM allocation: one per "
                    "slot).")
-@click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
+@click.option("-s", "--num-servers", type=int, default=_default("num_servers"), show_default=True, metavar="N",
               help="Number of parameter servers.")
 @click.option("-H", "--hostfile", metavar="HOSTS",
               help="Hosts to run on over SSH: a hostfile (an existing file; one host per "
@@ -144,16 +150,16 @@ def cli(verbose):
 @click.option("--launcher", type=click.Choice(["local", "ssh", "slurm"]),
               help="How the processes start (default: ssh with -H, slurm inside a SLURM "
                    "allocation, else local).")
-@click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
+@click.option("--sync", type=click.Choice(modes.available()), default=_default("sync"),
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
 @_mode_options
-@click.option("--predictor", default="narx", show_default=True, metavar="NAME",
+@click.option("--predictor", default=_default("predictor"), show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (kernel units and "
                    "a least-squares output layer on past speeds and the --exog signals), ema, "
                    "last, ar (autoregressive), narx-adam (the first NARX). Compare them on a "
                    "trace with `mxlbbsp predict`.")
-@click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
+@click.option("--time-model", type=click.Choice(TIME_MODELS), default=_default("time_model"),
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
@@ -161,18 +167,18 @@ def cli(verbose):
                    "a worker is clearly (1.5x) slower at the equal batch, then linear, with "
                    "the equal split tried again every 24 iterations, and linear for good "
                    "once balancing shows the time growing with the batch; else linear.")
-@click.option("--exog", default="auto", show_default=True, metavar="COLS",
+@click.option("--exog", default=_default("exog"), show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "
                    f"of {', '.join(_signals.COLUMNS)} (the *_tail ones: over the last quarter "
                    "of the compute phase; see mxlbbsp/core/signals.py).")
-@click.option("--signals", "signal_spec", default="auto", show_default=True, metavar="COLS",
+@click.option("--signals", "signal_spec", default=_default("signals"), show_default=True, metavar="COLS",
               help="What every worker reads of its host and reports (into --metrics, for "
                    "`mxlbbsp trace`), besides the --exog inputs: auto (all but the *_tail "
                    "ones, whose sampler thread costs a tiny model up to a fifth of its "
                    "speed), all, none, or a comma-separated list of columns as for --exog. "
                    "Use all to record traces with the tail.")
-@click.option("--threshold", type=float, default=0.03, show_default=True,
+@click.option("--threshold", type=float, default=_default("threshold"), show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
 @click.option("--max-batch-size", type=int, metavar="B",
@@ -196,7 +202,7 @@ def cli(verbose):
               help="Set a variable for every process (repeatable).")
 @click.option("--log-dir", metavar="DIR",
               help="Also write each process's output to DIR/<role>.<rank>.log.")
-@click.option("--progress", type=float, default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--progress", type=float, default=_default("progress"), show_default=True, metavar="SECONDS",
               help="Print a progress line this often (0: never).")
 @click.option("--stall-timeout", metavar="SECONDS|off", callback=lambda c, p, v: _stall(v),
               help="Stop the job (exit 124) when no iteration finishes for this long, counted "
@@ -228,7 +234,7 @@ def cli(verbose):
 @click.option("--resume", metavar="DIR",
               help="Continue from the newest complete checkpoint in DIR (or the checkpoint "
                    "folder DIR), on any number of workers.")
-@click.option("--restarts", type=int, default=0, show_default=True, metavar="N",
+@click.option("--restarts", type=int, default=_default("restarts"), show_default=True, metavar="N",
               help="When the job fails, restart it from the latest checkpoint up to N times "
                    "(over SSH without the hosts that fail the pre-flight); needs "
                    "--checkpoint-dir.")
