@@ -144,6 +144,15 @@ class CoordinatorPolicy:
         self.num_workers = coordinator.config.num_workers
         self.options = dict(options or {})
 
+    def resolved(self, defaults: dict, check) -> dict:
+        """This policy's options with ``defaults`` for those not given, passed through the
+        mode's ``check_options`` (ValueError with its one line when they fail it)."""
+        opts = dict(defaults, **{k: v for k, v in self.options.items() if v is not None})
+        problem = check(opts)
+        if problem:
+            raise ValueError(problem)
+        return opts
+
     def validate(self, hellos: Sequence[dict]) -> Optional[str]:
         """The first problem with the hellos for this mode, or None."""
         return None

@@ -49,10 +49,7 @@ class CourierPolicy(LBBSPPolicy):
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
-        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
-        problem = Courier.check_options(opts)
-        if problem:
-            raise ValueError(problem)
+        opts = self.resolved(DEFAULTS, Courier.check_options)
         self.deadline_s = _planner.parse_duration(opts["deadline"])
         self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
         self.epochs = float(opts["epochs"])

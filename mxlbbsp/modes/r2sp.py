@@ -78,10 +78,7 @@ class R2SPPolicy(CoordinatorPolicy):
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
-        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
-        problem = R2SP.check_options(opts)
-        if problem:
-            raise ValueError(problem)
+        opts = self.resolved(DEFAULTS, R2SP.check_options)
         self.gap_ratio = float(opts["gap_ratio"])
         self.tuning = opts["tuning"]
         n = self.num_workers
