@@ -109,6 +109,9 @@ class RunningStats:
             log.warning("mxlbbsp: warning: %s combined without the spread of the workers' "
                         "batch means (the layer's momentum is unknown: not a Gluon BatchNorm)",
                         ", ".join(unknown))
+        # In the order of the trainer's parameters, the same on every worker: the garbage
+        # collector's order is not, and every worker must push its squares in one order.
+        layout = sorted(set(layout))
         self._layout = layout
         return layout
 
