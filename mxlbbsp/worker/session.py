@@ -104,7 +104,15 @@ def close_session() -> None:
 
 
 class Session:
-    """See the module docstring. Use :func:`open_session`, not the constructor."""
+    """See the module docstring. Use :func:`open_session`, not the constructor.
+
+    Longer than most classes here (about 330 lines), on purpose: it is the one timeline of a
+    worker's iteration (wait for the split, compute, the mode's wait, push/pull) that the
+    loader, the trainer and the mode's worker half each drive a part of, and its timings are
+    differences of clock readings taken in different methods under one lock. Its parts that
+    stand alone are elsewhere: the contention signals (core.signals), the slowdown schedule
+    (core.slowdown), a mode's own messages and waits (the mode's ``attach``).
+    """
 
     def __init__(self, global_batch_size: int, dataset_size: int, min_global_batch: int,
                  max_batch_size: Optional[int] = None, env=None):
