@@ -17,6 +17,7 @@ from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
+from .job import JobFailed, run_job
 
 EXIT_USAGE = 2
 
@@ -251,7 +252,6 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
            command, **mode_values):
-    from .job import run_job
 
     configure_logging(verbose)
 
@@ -299,7 +299,6 @@ def _fail(command: Optional[str], message: str, code: int) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
-    from .job import JobFailed
 
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if a in cli.commands), None)

@@ -30,6 +30,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp.core import metrics as _metrics
 from mxlbbsp.core import split as _split
 from mxlbbsp.core import timemodel as _tm
 
@@ -359,7 +360,6 @@ def launch_clock() -> float:
 def schedule_from_metrics(path: str) -> List[int]:
     """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
     the workers' batches of each iteration), for a single process to replay them."""
-    from mxlbbsp.core import metrics as _metrics
     totals = {}
     for rec in _metrics.load(path):
         t = int(rec["iteration"])
