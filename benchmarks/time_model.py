@@ -49,9 +49,10 @@ def factors(t, slow, tenant=False, period=0):
 
 def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, period=0):
     """Worker 0's batch size per iteration."""
-    try:
+    import mxlbbsp
+    if (Path(mxlbbsp.__file__).parent / "control").is_dir():
         from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
-    except ImportError:      # --baseline of a commit before the layer folders (issue 21)
+    else:                    # --baseline of a commit before the layer folders (issue 21)
         from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
     rng = np.random.default_rng(seed)
     spike = 0.05 if noise > 0.1 else 0.02
