@@ -43,8 +43,7 @@ def test_the_file_holds_every_record_in_order_and_the_totals_match_it(tmp_path):
     path = tmp_path / "m.jsonl"
     failures = []
     rec = R.Recorder(str(path), None, skip=1, append=False,
-                     fail=lambda m, kind: failures.append(m))
-    rec.sync, rec.predictor = "lbbsp", "narx"
+                     fail=lambda m, kind: failures.append(m), sync="lbbsp", predictor="narx")
     _feed(rec, 3, 6)
     rec.close()
     assert failures == []

@@ -74,8 +74,8 @@ class Coordinator:
                                        prefer_equal=config.time_model == "auto")
         self.links = Links(self._fail)
         self.recorder = Recorder(config.metrics_path, config.tensorboard_dir, config.warmup,
-                                 append=config.resume_manifest is not None, fail=self._fail)
-        self.recorder.sync, self.recorder.predictor = config.sync, config.predictor
+                                 append=config.resume_manifest is not None, fail=self._fail,
+                                 sync=config.sync, predictor=config.predictor)
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
         self._hellos: Dict[int, dict] = {}
         self._byes: set = set()

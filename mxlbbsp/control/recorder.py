@@ -40,12 +40,16 @@ _encode = json.JSONEncoder(allow_nan=False).encode
 class Recorder:
     """The parts of every record not yet written, and the writer of the complete ones.
 
-    ``fail(message, kind=...)`` is how a write error stops the job; ``call_soon`` runs a
-    function on the coordinator's loop (None: call it directly, as after the loop ended).
+    ``sync``, ``predictor``: the job's, in every record; ``fail(message, kind=...)`` is how
+    a write error stops the job; ``call_soon`` runs a function on the coordinator's loop
+    (None: call it directly, as after the loop ended).
     """
 
     def __init__(self, metrics_path: Optional[str], tensorboard_dir: Optional[str],
-                 skip: int, append: bool, fail: Callable[..., None]):
+                 skip: int, append: bool, fail: Callable[..., None], sync: str = "lbbsp",
+                 predictor: str = ""):
+        self.sync, self.predictor = sync, predictor
+        self.barrier = _modes.get(sync).barrier
         self.metrics_path = metrics_path
         self.tensorboard_dir = tensorboard_dir
         self.append = append                 # a resumed job appends to its metrics file
@@ -134,7 +138,8 @@ class Recorder:
                 totals.add(record(t, rank, p["report"], p["done"], p.get("scalars"),
                                   hosts[rank].get("host"),
                                   None if row is None else row[rank],
-                                  int(fallbacks[rank]), fields(t), self.sync, self.predictor))
+                                  int(fallbacks[rank]), fields(t), self.sync, self.predictor,
+                                  self.barrier))
                 pending += 1
         return self.written + pending, totals
 
@@ -169,10 +174,6 @@ class Recorder:
                 log.warning("could not close the TensorBoard files: %s", exc)
             self._tensorboard = None
 
-    #: set by the coordinator: the records' sync and predictor fields
-    sync = ""
-    predictor = ""
-
     #: False: the records are written on the caller's thread, at hand-over (as before the
     #: writer thread; for comparison in benchmarks/coordinator_scale.py)
     threaded = True
@@ -203,9 +204,8 @@ class Recorder:
                 self._queue.task_done()
 
     def _write(self, batch: list) -> None:
-        sync, predictor = self.sync, self.predictor
-        barrier = _modes.get(sync).barrier
-        records = [record(*item, sync, predictor, barrier) for item in batch]
+        job = (self.sync, self.predictor, self.barrier)
+        records = [record(*item, *job) for item in batch]
         with self._lock:
             add = self.totals.add
             for rec in records:
