@@ -247,7 +247,7 @@ class Recorder:
         plots), and each worker's speed and batch size under ``worker<rank>/``."""
         if self._tensorboard is None:
             try:
-                from tensorboardX import SummaryWriter      # optional: only with --tensorboard
+                from tensorboardX import SummaryWriter  # optional: only with --tensorboard
                 self._tensorboard = SummaryWriter(self.tensorboard_dir)
             except (ImportError, OSError) as exc:
                 log.warning("--tensorboard %s: cannot write there (%s); no TensorBoard files",
