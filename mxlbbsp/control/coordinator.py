@@ -40,7 +40,7 @@ from mxlbbsp import modes as _modes
 from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
 from mxlbbsp.control.connection import Connection, Links
 from mxlbbsp.control.recorder import Recorder
-from mxlbbsp.control.registration import auto_min_batch, check_hellos
+from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
 from mxlbbsp.control.speed import (
     TIME_MODELS,  # noqa: F401 - launcher/config.py reads it here
     SpeedModel,
@@ -301,17 +301,9 @@ class Coordinator:
         if not self._bye_at or self.failure is not None \
                 or not _modes.get(self.config.sync).barrier:
             return                  # without a barrier per iteration nobody waits for it
-        low_rank = min(self._bye_at, key=lambda r: (self._bye_at[r], r))
-        low = self._bye_at[low_rank]
-        ahead = {r: t for r, t in self._last_report.items() if t > low}
-        if not ahead:
-            return
-        high_rank = max(ahead, key=lambda r: (ahead[r], -r))
-        what = "no iteration" if low < 0 else f"iteration {low}"
-        self._fail(f"worker {low_rank} ended after {what} while worker {high_rank} went on to "
-                   f"iteration {ahead[high_rank]}: every worker must run the same number of "
-                   "iterations; use the DataLoader's epochs (the same on every worker), not a "
-                   "wall clock or a per-worker iteration count")
+        problem = uneven_end(self._bye_at, self._last_report)
+        if problem:
+            self._fail(problem)
 
     # ---- the policies' view of the coordinator (mxlbbsp.modes.Control) ---------------------
 

@@ -1,4 +1,5 @@
-"""Registration: the checks of the workers' hellos before the first iteration.
+"""Registration: the checks of the workers' hellos before the first iteration, and of
+their iteration counts at the end.
 
 Once every worker has said hello, the job's configuration as the workers declared it (global
 batch, data set, per-worker caps) must agree with itself and with the command line; the
@@ -9,7 +10,7 @@ No framework import.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -81,3 +82,20 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
     elif any(c is not None for c in caps):
         balancer.max_batch = np.array([B if c is None else c for c in caps], dtype=np.int64)
     return None
+
+
+def uneven_end(bye_at: Dict[int, int], last_report: Dict[int, int]) -> Optional[str]:
+    """The problem when a worker ended (``bye_at``: rank -> its last iteration) while another
+    went on to a later iteration (``last_report``: rank -> its latest report's): in
+    synchronous training the others would wait for it forever. None when there is none."""
+    low_rank = min(bye_at, key=lambda r: (bye_at[r], r))
+    low = bye_at[low_rank]
+    ahead = {r: t for r, t in last_report.items() if t > low}
+    if not ahead:
+        return None
+    high_rank = max(ahead, key=lambda r: (ahead[r], -r))
+    what = "no iteration" if low < 0 else f"iteration {low}"
+    return (f"worker {low_rank} ended after {what} while worker {high_rank} went on to "
+            f"iteration {ahead[high_rank]}: every worker must run the same number of "
+            "iterations; use the DataLoader's epochs (the same on every worker), not a "
+            "wall clock or a per-worker iteration count")
