@@ -174,14 +174,7 @@ class Recorder:
                 log.warning("could not close the TensorBoard files: %s", exc)
             self._tensorboard = None
 
-    #: False: the records are written on the caller's thread, at hand-over (as before the
-    #: writer thread; for comparison in benchmarks/coordinator_scale.py)
-    threaded = True
-
     def _put(self, batch: list) -> None:
-        if not self.threaded:
-            self._write(batch)
-            return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mxlbbsp-recorder",
                                             daemon=True)
