@@ -13,7 +13,7 @@ import mxlbbsp
 from mxlbbsp.core import metrics
 from mxlbbsp.analysis import runs as report_runs
 from mxlbbsp.worker import scalars
-from mxlbbsp.control.coordinator import auto_min_batch
+from mxlbbsp.control.registration import auto_min_batch
 
 from test_coordinator import coordinator, finished_records, sessions  # noqa: F401
 
