@@ -12,7 +12,7 @@ from typing import List, Optional
 import click
 
 from mxlbbsp import modes
-from mxlbbsp.control.coordinator import TIME_MODELS
+from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
 

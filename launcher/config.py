@@ -16,7 +16,7 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from mxlbbsp import modes, predictors
-from mxlbbsp.control.coordinator import TIME_MODELS
+from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import signals
 from mxlbbsp.core import store as _store

@@ -41,10 +41,7 @@ from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
 from mxlbbsp.control.connection import Connection, Links
 from mxlbbsp.control.recorder import Recorder
 from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
-from mxlbbsp.control.speed import (
-    TIME_MODELS,  # noqa: F401 - launcher/config.py reads it here
-    SpeedModel,
-)
+from mxlbbsp.control.speed import SpeedModel
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
 from mxlbbsp.core.store import save_coordinator
