@@ -25,12 +25,14 @@ import threading
 import time
 from typing import IO, Dict, List, Optional, Tuple
 
-from .guard import CPU, EXITED, SIGNALLED, STARTED
+from .guard import CONTINUED, CPU, EXITED, SIGNALLED, STARTED, STOPPED
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
 #: ``<EXIT_MARKER> <code> <the exception's last line>``
 EXIT_MARKER = "mxlbbsp-exit-hook:"
+#: the line a worker's exit hook writes when its script ended normally (``ENDED`` there)
+ENDED_MARKER = EXIT_MARKER + " ended"
 #: how the library (mxlbbsp.core.env.refuse, mxlbbsp.worker.checkpoint) and the guard refuse bad input
 ERROR_PREFIX = "mxlbbsp: error: "
 
@@ -95,6 +97,11 @@ def _exit_code(text: str) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
+def _state(text: str) -> Optional[bool]:
+    """True when a guard state line's tail is empty (it is one), else None."""
+    return True if not text.strip() else None
+
+
 def _guard_tail(text: str, marker: str, parse) -> tuple:
     """(what comes before, the parsed value) when ``text`` ends with a guard line ``marker
     VALUE``: a line of its own (then what comes before is ""), or one written after a partial
@@ -114,7 +121,7 @@ class RoleProcess:
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
-        #: the job's transport object that explains this process's failures (job.py sets it)
+        #: the job's transport object that settles this process's end (roles.py sets it)
         self.via = None
         #: the transport's own lines on stderr that the launcher's failure line says better
         #: (e.g. srun's "task 0: Exited with exit code N"): kept in the log, not shown
@@ -131,6 +138,11 @@ class RoleProcess:
         self.cpu_report: Optional[Tuple[float, float]] = None
         #: why the command ended, as its exit hook said (e.g. "RuntimeError: boom")
         self.exit_reason: Optional[str] = None
+        #: time.monotonic() when its exit hook said that the script ended normally (the
+        #: process may still wait in ps-lite's finalize barrier); None: not (yet)
+        self.ended_at: Optional[float] = None
+        #: the command is stopped (SIGSTOP, a debugger), as its remote guard said
+        self.reported_stopped = False
         #: the command's own one-line refusal ("mxlbbsp: error: ..." from the library or
         #: the guard), held back: the launcher's failure line carries it, once
         self.error_line: Optional[str] = None
@@ -218,9 +230,19 @@ class RoleProcess:
                     text, signum = _guard_tail(text, SIGNALLED, _exit_code)
                     if signum is not None:
                         self.signalled = signum
+                    text, stop = _guard_tail(text, STOPPED, _state)
+                    text, cont = _guard_tail(text, CONTINUED, _state)
+                    if stop is not None or cont is not None:
+                        self.reported_stopped = stop is not None
                     if not text and (seconds is not None or code is not None
-                                     or signum is not None):
+                                     or signum is not None or stop is not None
+                                     or cont is not None):
                         continue
+                if to_stderr and text == ENDED_MARKER:
+                    self.ended_at = time.monotonic()
+                    if self._log is not None:
+                        self._log.write(text + "\n")
+                    continue
                 if to_stderr and text.startswith(EXIT_MARKER):
                     self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
                     if self._log is not None:
@@ -324,9 +346,12 @@ class RoleProcess:
         return total
 
     def stopped(self) -> bool:
-        """The role's command is stopped (SIGSTOP, a debugger) on this machine."""
+        """The role's command is stopped (SIGSTOP, a debugger): seen on this machine, or as
+        its remote guard said."""
         import psutil
         tree = self.local_tree()
+        if not tree:
+            return self.reported_stopped and self.poll() is None
         try:
             return bool(tree) and tree[0].status() == psutil.STATUS_STOPPED
         except psutil.Error:
