@@ -31,6 +31,8 @@ def marker(r):
 def test_the_names_agree():
     text = open(os.path.join(BOOT, "sitecustomize.py")).read()
     assert f'MARKER = "{procs.EXIT_MARKER}"' in text
+    assert procs.ENDED_MARKER == procs.EXIT_MARKER + " ended" and \
+        'ENDED = MARKER + " ended"' in text
     assert f'ENABLE = "{_env.EXIT_HOOK}"' in text
 
 
@@ -69,12 +71,26 @@ def test_what_succeeds_still_tears_down_as_before(code):
     r = run(code)
     assert r.returncode == 0, r.stderr
     assert "teardown ran" in r.stdout
-    assert marker(r) == [] and r.stderr == ""
+    # the one line it adds: the script ended normally (before the finalize barrier)
+    assert r.stderr == procs.ENDED_MARKER + "\n"
+
+
+def test_the_normal_end_is_announced_by_the_workers_own_process_only():
+    # a Python child of the worker (e.g. a spawned data-loading process) ends too: no line
+    r = run("import subprocess, sys\n"
+            "subprocess.run([sys.executable, '-c', 'print(1)'], check=True)\n")
+    assert r.returncode == 0 and marker(r) == [procs.ENDED_MARKER], r.stderr
+
+
+def test_no_normal_end_is_announced_with_the_hook_off():
+    r = run("print('fine')", env={_env.EXIT_HOOK: "0"})
+    assert r.returncode == 0 and marker(r) == [], r.stderr
 
 
 def test_an_exception_in_a_thread_is_printed_and_the_process_goes_on():
     r = run("import threading\nt = threading.Thread(target=lambda: 1 / 0)\nt.start(); t.join()")
-    assert r.returncode == 0 and "ZeroDivisionError" in r.stderr and not marker(r)
+    assert r.returncode == 0 and "ZeroDivisionError" in r.stderr
+    assert marker(r) == [procs.ENDED_MARKER]                  # it ended normally
     assert "teardown ran" in r.stdout
 
 
