@@ -279,7 +279,7 @@ class SlurmTransport(Transport):
     def settle(self, p: RoleProcess, rc: int) -> bool:
         p.drain_output()                     # the guard's exit line, if it sent one
         # srun ended before the guard ran (e.g. the step could not be created)
-        return p.reported_exit is None and p.reconnect(START_ATTEMPTS)
+        return p.said.reported_exit is None and p.reconnect(START_ATTEMPTS)
 
     def steps(self) -> List[str]:
         """The ids of this launch's steps that SLURM still knows (``squeue -s``)."""

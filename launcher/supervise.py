@@ -105,10 +105,10 @@ class Supervisor:
             ended = diagnosis.Ended(
                 name=name, host=p.host, remote=p.via.remote, transport=p.via.name, rc=rc,
                 connected=p.connected.is_set(), attempts=p.attempts,
-                reported_exit=p.reported_exit, signalled=p.signalled,
+                reported_exit=p.said.reported_exit, signalled=p.said.signalled,
                 guard_signal=-guard_rc if guard_rc is not None and guard_rc < 0 else None,
-                error_line=p.error_line, exit_reason=p.exit_reason, last_early=last_early,
-                last_stderr=p.last_stderr)
+                error_line=p.said.error_line, exit_reason=p.said.exit_reason,
+                last_early=last_early, last_stderr=p.said.last_stderr)
             if diagnosis.needs_probe(ended):
                 ended = dataclasses.replace(ended, host_answers=self.job.host_answers(p.host))
             what = diagnosis.say(ended)
@@ -140,4 +140,4 @@ class Supervisor:
             elapsed, self.coordinator.progress(), self.coordinator.registered,
             self.config.num_workers, len(workers), [use.get(w.rank) for w in workers],
             sorted(self.watch.stopped_since), time.monotonic(),
-            ended=[w.rank for w in workers if w.ended_at is not None]))
+            ended=[w.rank for w in workers if w.said.ended_at is not None]))

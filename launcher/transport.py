@@ -225,7 +225,7 @@ class SshTransport(Transport):
         if rc != 255:
             return False
         p.drain_output()                  # the guard's exit line, if it sent one
-        if p.reported_exit == 255:        # the command's own 255 is not ssh's
+        if p.said.reported_exit == 255:        # the command's own 255 is not ssh's
             return False
         return p.reconnect(self.CONNECT_ATTEMPTS)
 

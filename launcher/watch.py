@@ -110,8 +110,8 @@ class Watch:
         itself); else None. Off with --stall-timeout off."""
         if self.setting == 0 or not self.cpu_seen:
             return None
-        ended = {w.rank: w.ended_at for w in workers if w.ended_at is not None}
-        waiting = [w.rank for w in workers if w.ended_at is None and w.poll() is None]
+        ended = {w.rank: w.said.ended_at for w in workers if w.said.ended_at is not None}
+        waiting = [w.rank for w in workers if w.said.ended_at is None and w.poll() is None]
         if not ended or not waiting:
             return None              # none ended yet, or all did: the finalize is theirs
         first = min(ended, key=ended.get)

@@ -104,7 +104,7 @@ def test_the_launcher_takes_the_cpu_lines_and_shows_the_rest():
     assert role.wait(30) == 0
     role.finish_output()
     assert out.getvalue() == "[worker 0] half\n[worker 0] line\n"
-    assert role.cpu_report[1] == 2.5 and role.cpu_sample() == role.cpu_report
+    assert role.said.cpu_report[1] == 2.5 and role.cpu_sample() == role.said.cpu_report
 
 
 STOPS_ITSELF = ("import os, signal, subprocess, sys, time\n"
@@ -134,7 +134,8 @@ def test_the_launcher_takes_the_state_lines_and_the_exit_hooks_end():
     # line of the command's), then the worker's normal end
     import io
     from mxlbbsp.launcher.guard import CONTINUED, EXITED, STOPPED
-    from mxlbbsp.launcher.procs import ENDED_MARKER, Output, RoleProcess
+    from mxlbbsp.launcher.procs import Output, RoleProcess
+    from mxlbbsp.launcher.said import ENDED_MARKER
     fake = (f"import sys, time\nsys.stdin.readline()\nw = sys.stdout.write\n"
             f"w('{STARTED}\\n'); w('half'); w('{STOPPED}\\n'); sys.stdout.flush()\n"
             f"time.sleep(3)\n"
@@ -149,7 +150,7 @@ def test_the_launcher_takes_the_state_lines_and_the_exit_hooks_end():
     role.start()
     seen = []
     while role.poll() is None:
-        seen.append((role.stopped(), role.ended_at is not None))
+        seen.append((role.stopped(), role.said.ended_at is not None))
         role.wait(0.1)
     role.finish_output()
     assert role.wait(1) == 0
