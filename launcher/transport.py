@@ -59,7 +59,7 @@ class Transport:
     #: roles may run on other machines than this one: output labels carry the host, the
     #: environment is forwarded, the command is not checked here
     remote = False
-    #: the guard reports its command's CPU seconds (they cannot be measured here)
+    #: the guard reports its command's CPU seconds and stopped state (not measurable here)
     reports_cpu = False
     #: a regex of the transport's own stderr lines that are not shown (see RoleProcess.hide)
     hide = None
