@@ -39,6 +39,8 @@ MXLBBSP_SIGNALS        the report columns this worker reads (mxlbbsp.core.signal
                        separated; empty: none; absent: signals.AUTO (launcher --signals)
 MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecustomize.py,
                        which reads it itself: it imports nothing of mxlbbsp)
+MXLBBSP_EXIT_HOOK_PID  written by the exit hook itself (not the launcher): the pid of the
+                       worker's own process, so that only it announces a normal end
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
                        of the automatic stall limit (default 300,120)
 MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier):
@@ -86,6 +88,8 @@ SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 SIGNALS = "MXLBBSP_SIGNALS"
 EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
+#: the exit hook's own (launcher/_boot/sitecustomize.py reads it by name: stdlib only)
+EXIT_HOOK_PID = "MXLBBSP_EXIT_HOOK_PID"
 STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
 DEFAULT_STALL_FLOORS = (300.0, 120.0)
