@@ -228,6 +228,14 @@ def _client_process(addr, token, ranks, n, B, iterations, compute_ms, arrival, s
 
 # ---- one measurement ------------------------------------------------------------------------
 
+def _thread_clock(name: str):
+    """The CPU clock of this process's thread ``name`` (None while there is none)."""
+    for th in threading.enumerate():
+        if th.name == name and th.ident is not None:
+            return time.pthread_getcpuclockid(th.ident)
+    return None
+
+
 def _coordinator_thread() -> threading.Thread:
     for th in threading.enumerate():
         if th.name == "mxlbbsp-coordinator":
@@ -289,11 +297,17 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 child.close()
                 procs.append(proc)
                 pipes.append(parent)
-            # CPU of the coordinator thread against its progress, sampled every 5 ms
+            # CPU of the coordinator thread (and of its metrics writer, once it runs)
+            # against its progress, sampled every 5 ms
             samples = []
             deadline = time.monotonic() + 600
+            writer_clock = None
             while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-                samples.append((coord.progress().iteration, time.clock_gettime(cpu_clock)))
+                if writer_clock is None:
+                    writer_clock = _thread_clock("mxlbbsp-recorder")
+                samples.append((coord.progress().iteration, time.clock_gettime(cpu_clock),
+                                0.0 if writer_clock is None
+                                else time.clock_gettime(writer_clock)))
                 if all(pipe.poll() for pipe in pipes):
                     break
                 time.sleep(0.005)
@@ -325,15 +339,19 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
     first = ((first_recv - last_sent) * 1000)[skip:]
     it = np.array([s[0] for s in samples], dtype=float)
     cpu = np.array([s[1] for s in samples])
+    writer = np.array([s[2] for s in samples])
     use = it >= skip
-    cpu_per_it = float("nan")
+    cpu_per_it = writer_per_it = float("nan")
     if use.sum() >= 2 and it[use][-1] > it[use][0]:
         cpu_per_it = 1000 * (cpu[use][-1] - cpu[use][0]) / (it[use][-1] - it[use][0])
+        writer_per_it = 1000 * (writer[use][-1] - writer[use][0]) / (it[use][-1] - it[use][0])
     out = {
         "workers": n, "arrival": arrival, "iterations": iterations, "skip": skip,
         "client_processes": processes, "global_batch": B, "compute_ms": compute_ms,
         "latency_ms": _stats(latency), "first_alloc_ms": _stats(first),
         "server_alloc_ms": _stats(server), "cpu_ms_per_iteration": cpu_per_it,
+        # the metrics writer's thread (this tree's coordinator writes records off its own)
+        "writer_cpu_ms_per_iteration": writer_per_it,
         "latency_per_iteration_ms": [round(float(x), 3) for x in latency],
         "final_sizes": [b for r in results for b in r["final_sizes"]],
         "predictor": config.predictor, "placement": placement,
@@ -563,7 +581,8 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what) -> 
                     C.progress(f"  p99 {res['latency_ms']['p99']:.2f} ms")
     rows = [f"| workers, arrival | {what} | allocation latency p99 per round | median of "
             "the rounds' p99 | median of the rounds' medians | server-side median | "
-            "coordinator CPU per iteration |", "|---|---|---|---|---|---|---|"]
+            "coordinator CPU per iteration | its metrics writer's CPU per iteration |",
+            "|---|---|---|---|---|---|---|---|"]
     for key, per in runs.items():
         for label, rs in per.items():
             p99 = [x["latency_ms"]["p99"] for x in rs]
@@ -571,13 +590,22 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what) -> 
                         f"**{np.median(p99):.2f} ms** | "
                         f"{np.median([x['latency_ms']['median'] for x in rs]):.2f} ms | "
                         f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} ms | "
-                        f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms |")
+                        f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms | "
+                        f"{_writer_cpu(rs)} |")
     table = (f"The runs of `coordinator_scale.py` (pinned, {iters} iterations, first 5 left "
              f"out) for each {what} in turn, in ABBA order over {rounds} rounds, so that the "
              f"machine's drift falls on all of them alike. Load average at start: "
              f"{load_at_start:.2f}.\n\n" + "\n".join(rows))
     C.write(name, {"iterations": iters, "rounds": rounds, "load_at_start": load_at_start,
                    "runs": runs}, table)
+
+
+def _writer_cpu(rs) -> str:
+    """The median metrics-writer thread CPU per iteration ('-': a coordinator without one,
+    whose records are written on its own thread, counted in its CPU)."""
+    xs = [x.get("writer_cpu_ms_per_iteration", float("nan")) for x in rs]
+    xs = [x for x in xs if np.isfinite(x)]
+    return f"{np.median(xs):.2f} ms" if xs else "-"
 
 
 def in_tree(tree, n: int, arrival: str, iters: int, compute_ms: float) -> dict:

@@ -49,12 +49,15 @@ def factors(t, slow, tenant=False, period=0):
 
 def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, period=0):
     """Worker 0's batch size per iteration."""
-    from mxlbbsp.control.coordinator import Coordinator
-    from mxlbbsp.control.coordinator import CoordinatorConfig
+    import mxlbbsp
+    if (Path(mxlbbsp.__file__).parent / "control").is_dir():
+        from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+    else:                    # --baseline of a commit before the layer folders (issue 21)
+        from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
     rng = np.random.default_rng(seed)
     spike = 0.05 if noise > 0.1 else 0.02
     c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
-    c.send_split = lambda t, sizes: None      # no workers to send to
+    c.send_split = c._send_allocation = lambda t, sizes: None      # no workers to send to
     sizes = np.array([B // 2, B - B // 2])
     c._sizes = sizes.copy()
     out = []

@@ -12,11 +12,12 @@ from typing import List, Optional
 import click
 
 from mxlbbsp import modes
+from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
-from mxlbbsp.modes.r2sp import TUNINGS as R2SP_TUNINGS
 
 from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
+from .job import JobFailed, run_job
 
 EXIT_USAGE = 2
 
@@ -102,6 +103,26 @@ class _Group(click.Group):
                              "Docs: README.md and docs/ARCHITECTURE.md.")
 
 
+def _default(field: str):
+    """An option's default is its LaunchConfig field's: written once, there."""
+    return LaunchConfig.__dataclass_fields__[field].default
+
+
+#: click's parameter name of each sync mode's option -> its flag
+_MODE_PARAMS = {"mode_" + flag.lstrip("-").replace("-", "_"): flag for flag in modes.all_options()}
+
+
+def _mode_options(command):
+    """The sync modes' own options, generated from their declarations (``SyncMode.options``):
+    a new mode's options need no line here."""
+    for param, flag in reversed(list(_MODE_PARAMS.items())):
+        opt, names = modes.all_options()[flag]
+        kind = click.Choice(opt.type) if isinstance(opt.type, tuple) else opt.type
+        command = click.option(flag, param, type=kind, metavar=opt.metavar,
+                               help=f"{', '.join(names)}: {opt.help}")(command)
+    return command
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mxlbbsp")
 @click.option("-v", "--verbose", is_flag=True,
@@ -119,7 +140,7 @@ def cli(verbose):
 @click.option("-n", "--num-workers", type=int, metavar="N",
               help="Number of workers (default with -H or in a SLURM allocation: one per "
                    "slot).")
-@click.option("-s", "--num-servers", type=int, default=1, show_default=True, metavar="N",
+@click.option("-s", "--num-servers", type=int, default=_default("num_servers"), show_default=True, metavar="N",
               help="Number of parameter servers.")
 @click.option("-H", "--hostfile", metavar="HOSTS",
               help="Hosts to run on over SSH: a hostfile (an existing file; one host per "
@@ -130,38 +151,16 @@ def cli(verbose):
 @click.option("--launcher", type=click.Choice(["local", "ssh", "slurm"]),
               help="How the processes start (default: ssh with -H, slurm inside a SLURM "
                    "allocation, else local).")
-@click.option("--sync", type=click.Choice(modes.available()), default=modes.DEFAULT,
+@click.option("--sync", type=click.Choice(modes.available()), default=_default("sync"),
               show_default=True,
               help="; ".join(f"{m}: {modes.get(m).help}" for m in modes.available()) + ".")
-@click.option("--r2sp-gap-ratio", type=float, metavar="R",
-              help="r2sp: push slots are spaced R x the iteration time / n, R in (0, 1] "
-                   "(default 0.8).")
-@click.option("--r2sp-tuning", type=click.Choice(R2SP_TUNINGS),
-              help="r2sp: per-worker batch tuning: paper (b += blocked time x speed), "
-                   "balancer (LB-BSP's split), none (equal) (default paper).")
-@click.option("--deadline", metavar="DURATION",
-              help="courier: the time budget of --epochs epochs, with a unit (90s, 15m, "
-                   "1h30m). The coordinator re-chooses the global batch as the job runs: the "
-                   "smallest in --batch-range predicted to meet it.")
-@click.option("--batch-range", metavar="MIN:MAX",
-              help="courier, goodput: the global batch sizes to choose from (default "
-                   "64:1024).")
-@click.option("--lr-scaling", type=click.Choice(["linear", "sqrt", "none"]),
-              help="courier, goodput: the learning rate follows B(t)/B0 (B0: the "
-                   "DataLoader's global_batch_size): linear (courier's default, Goyal et "
-                   "al.), sqrt (goodput's default), none.")
-@click.option("--goodput-model", type=click.Choice(["hetero", "homo"]),
-              help="goodput: the throughput model B is chosen with: hetero (default, the "
-                   "LB-BSP makespan of the workers' time models) or homo (an equal split, "
-                   "as a model of equal workers sees it).")
-@click.option("--epochs", type=float, metavar="E",
-              help="courier: how many epochs of the data set --deadline covers.")
-@click.option("--predictor", default="narx", show_default=True, metavar="NAME",
+@_mode_options
+@click.option("--predictor", default=_default("predictor"), show_default=True, metavar="NAME",
               help="Speed predictor of each worker's next iteration: narx (kernel units and "
                    "a least-squares output layer on past speeds and the --exog signals), ema, "
                    "last, ar (autoregressive), narx-adam (the first NARX). Compare them on a "
                    "trace with `mxlbbsp predict`.")
-@click.option("--time-model", type=click.Choice(["auto", "linear", "affine"]), default="auto",
+@click.option("--time-model", type=click.Choice(TIME_MODELS), default=_default("time_model"),
               show_default=True,
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
@@ -169,18 +168,18 @@ def cli(verbose):
                    "a worker is clearly (1.5x) slower at the equal batch, then linear, with "
                    "the equal split tried again every 24 iterations, and linear for good "
                    "once balancing shows the time growing with the batch; else linear.")
-@click.option("--exog", default="auto", show_default=True, metavar="COLS",
+@click.option("--exog", default=_default("exog"), show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
                    f"({','.join(_signals.DEFAULT)}), all, none, or a comma-separated list "
                    f"of {', '.join(_signals.COLUMNS)} (the *_tail ones: over the last quarter "
                    "of the compute phase; see mxlbbsp/core/signals.py).")
-@click.option("--signals", "signal_spec", default="auto", show_default=True, metavar="COLS",
+@click.option("--signals", "signal_spec", default=_default("signals"), show_default=True, metavar="COLS",
               help="What every worker reads of its host and reports (into --metrics, for "
                    "`mxlbbsp trace`), besides the --exog inputs: auto (all but the *_tail "
                    "ones, whose sampler thread costs a tiny model up to a fifth of its "
                    "speed), all, none, or a comma-separated list of columns as for --exog. "
                    "Use all to record traces with the tail.")
-@click.option("--threshold", type=float, default=0.03, show_default=True,
+@click.option("--threshold", type=float, default=_default("threshold"), show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
 @click.option("--max-batch-size", type=int, metavar="B",
@@ -204,7 +203,7 @@ def cli(verbose):
               help="Set a variable for every process (repeatable).")
 @click.option("--log-dir", metavar="DIR",
               help="Also write each process's output to DIR/<role>.<rank>.log.")
-@click.option("--progress", type=float, default=10.0, show_default=True, metavar="SECONDS",
+@click.option("--progress", type=float, default=_default("progress"), show_default=True, metavar="SECONDS",
               help="Print a progress line this often (0: never).")
 @click.option("--stall-timeout", metavar="SECONDS|off", callback=lambda c, p, v: _stall(v),
               help="Stop the job (exit 124) when no iteration finishes for this long, counted "
@@ -236,7 +235,7 @@ def cli(verbose):
 @click.option("--resume", metavar="DIR",
               help="Continue from the newest complete checkpoint in DIR (or the checkpoint "
                    "folder DIR), on any number of workers.")
-@click.option("--restarts", type=int, default=0, show_default=True, metavar="N",
+@click.option("--restarts", type=int, default=_default("restarts"), show_default=True, metavar="N",
               help="When the job fails, restart it from the latest checkpoint up to N times "
                    "(over SSH without the hosts that fail the pre-flight); needs "
                    "--checkpoint-dir.")
@@ -246,16 +245,13 @@ def cli(verbose):
               help="Log each allocation (iteration, predicted speeds, the split) and the "
                    "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r2sp_tuning,
-           deadline,
-           batch_range, lr_scaling, goodput_model, epochs, predictor, time_model, exog,
+def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_model, exog,
            signal_spec, threshold,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
-           command):
-    from .job import run_job
+           command, **mode_values):
 
     configure_logging(verbose)
 
@@ -270,9 +266,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, r2sp_gap_ratio, r
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port,
         ssh_identity=ssh_identity,
         ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
-        dry_run=dry_run, r2sp_gap_ratio=r2sp_gap_ratio, r2sp_tuning=r2sp_tuning,
-        deadline=deadline, batch_range=batch_range, lr_scaling=lr_scaling, epochs=epochs,
-        goodput_model=goodput_model,
+        dry_run=dry_run, mode_options={_MODE_PARAMS[k]: v for k, v in mode_values.items()},
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts)
     return run_job(config)
@@ -305,7 +299,6 @@ def _fail(command: Optional[str], message: str, code: int) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the CLI; returns the exit code (the console script exits with it)."""
-    from .job import JobFailed
 
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if a in cli.commands), None)

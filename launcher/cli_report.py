@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import click
 
+from mxlbbsp.analysis.report import write_report
+from mxlbbsp.analysis.runs import InputError, OutputError, ReportError
+from mxlbbsp.core import metrics
+
 from .config import ConfigError
 
 REPORT_HELP = """Plot one or more metrics files and write DIR/index.html that shows them.
@@ -30,9 +34,6 @@ Examples:
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               metavar="N", help="Leave the first N iterations out of tables and timing plots.")
 def report(metrics_files, output, warmup):
-    from mxlbbsp.analysis.report import InputError, OutputError, ReportError, write_report
-    from mxlbbsp.core import metrics
-
     try:
         index = write_report(list(metrics_files), output, warmup=warmup)
     except InputError as exc:

@@ -16,7 +16,7 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from mxlbbsp import modes, predictors
-from mxlbbsp.control.coordinator import TIME_MODELS
+from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import signals
 from mxlbbsp.core import store as _store
@@ -166,11 +166,6 @@ def parse_ssh_options(items) -> List[Tuple[str, str]]:
     return out
 
 
-def _field(flag: str) -> str:
-    """The LaunchConfig field of a command-line flag: --r2sp-gap-ratio -> r2sp_gap_ratio."""
-    return flag.lstrip("-").replace("-", "_")
-
-
 @dataclasses.dataclass
 class LaunchConfig:
     """One job. See ``mxlbbsp launch --help`` for the meaning of each field."""
@@ -203,14 +198,10 @@ class LaunchConfig:
     ssh_options: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
     remote_python: Optional[str] = None
     dry_run: bool = False
-    r2sp_gap_ratio: Optional[float] = None    # None: the mode's default (0.8)
-    r2sp_tuning: Optional[str] = None         # None: the mode's default
-    deadline: Optional[str] = None            # courier: the time budget, e.g. "15m"
-    batch_range: Optional[str] = None         # courier, goodput: "MIN:MAX" global batches
-    lr_scaling: Optional[str] = None          # courier, goodput: linear | sqrt | none
-    epochs: Optional[float] = None            # courier: epochs the deadline covers
-    goodput_model: Optional[str] = None       # goodput: hetero | homo throughput model
-    # checkpoints (mxlbbsp.checkpoint): periodic, resume, restarts
+    #: the sync modes' own options given, by flag (``{"--deadline": "15m"}``): each mode
+    #: declares them (``SyncMode.options``); not given means the mode's default
+    mode_options: Dict[str, object] = dataclasses.field(default_factory=dict)
+    # checkpoints (mxlbbsp.core.store): periodic, resume, restarts
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None
     resume: Optional[str] = None
@@ -260,10 +251,15 @@ class LaunchConfig:
                                   "(a hostfile or host1:slots,host2:slots)")
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
+        known = modes.all_options()
+        self.mode_options = {k: v for k, v in self.mode_options.items() if v is not None}
+        unknown = [flag for flag in self.mode_options if flag not in known]
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: not an option of any sync mode")
+        mine = {opt.flag for opt in modes.get(self.sync).options}
         for name in modes.available():          # another mode's options: say whose
-            ours = set(modes.get(self.sync).options.values())   # flags shared by modes
-            given = [flag for flag in modes.get(name).options.values()
-                     if getattr(self, _field(flag)) is not None and flag not in ours]
+            given = [opt.flag for opt in modes.get(name).options
+                     if opt.flag in self.mode_options and opt.flag not in mine]
             if name != self.sync and given:
                 raise ConfigError(modes.get(name).misplaced(given, self.sync))
         problem = modes.get(self.sync).check_options(self.sync_options)
@@ -344,8 +340,8 @@ class LaunchConfig:
     @property
     def sync_options(self) -> dict:
         """The options of the sync mode (for its coordinator policy); None: its default."""
-        return {key: getattr(self, _field(flag))
-                for key, flag in modes.get(self.sync).options.items()}
+        return {opt.key: self.mode_options.get(opt.flag)
+                for opt in modes.get(self.sync).options}
 
     def check_workers(self, num_workers: int) -> None:
         """The sync mode's options against the number of workers (known late with a

@@ -37,7 +37,10 @@ With ``"cpu_every": S`` in the spec (the launcher's remote workers), the guard w
 ``mxlbbsp guard: cpu SECONDS`` on stdout every S seconds: the CPU time used so far by the
 command and its descendants (Linux ``/proc``; no line where there is none). The launcher does not
 show these lines; they let it see over SSH what it measures locally: a job whose workers all
-sit idle (e.g. in ps-lite's finalize barrier) hangs.
+sit idle (e.g. in ps-lite's finalize barrier) hangs. With ``cpu_every``, the guard also writes
+``mxlbbsp guard: stopped`` when the command is stopped (SIGSTOP, a debugger: state ``T`` or
+``t`` in ``/proc/PID/stat``, looked at every STATE_EVERY s) and ``mxlbbsp guard: continued``
+when it runs again: the launcher names a stopped remote worker as it names a local one.
 
 The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
 itself is killed (``kill -9``), its role dies with it, locally and over SSH.
@@ -72,6 +75,11 @@ EXITED = "mxlbbsp guard: exit"
 SIGNALLED = "mxlbbsp guard: signal"
 #: the guard's periodic line (spec ``cpu_every``): the command's CPU seconds so far
 CPU = "mxlbbsp guard: cpu"
+#: the guard's lines (spec ``cpu_every``) when the command was stopped, and runs again
+STOPPED = "mxlbbsp guard: stopped"
+CONTINUED = "mxlbbsp guard: continued"
+#: how often the guard looks whether its command is stopped (spec ``cpu_every``)
+STATE_EVERY = 0.25
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
 #: cores // k threads
 SHARE_CORES = "MXLBBSP_SHARE_CORES"
@@ -125,6 +133,17 @@ def _stat_cpu(pid) -> Optional[int]:
     # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
     # utime stime cutime cstime ...
     return sum(int(f) for f in fields[11:15]) if len(fields) > 14 else None
+
+
+def is_stopped(pid) -> Optional[bool]:
+    """Whether process ``pid`` is stopped (state T, or t: by a debugger); None: not known
+    (gone, or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return fields[0] in (b"T", b"t") if fields else None
 
 
 def tree_cpu_seconds(pid: int) -> Optional[float]:
@@ -274,6 +293,21 @@ class Guard:
             except OSError:
                 return                                # nobody listens any more
 
+    def report_state(self, every: float) -> None:
+        """A line on stdout each time the command is stopped or runs again (see the
+        docstring)."""
+        stopped = False
+        while not self._stopping.wait(every) and self.child.poll() is None:
+            now = is_stopped(self.child.pid)
+            if now is None:
+                return
+            if now != stopped:
+                stopped = now
+                try:
+                    os.write(1, f"{STOPPED if now else CONTINUED}\n".encode())
+                except OSError:
+                    return                            # nobody listens any more
+
     def wait(self) -> int:
         rc = self.child.wait()
         # Leftovers of the command (e.g. data-loading processes) die with it.
@@ -341,6 +375,7 @@ def main() -> int:
     if spec.get("cpu_every"):
         threading.Thread(target=guard.report_cpu, args=(float(spec["cpu_every"]),),
                          daemon=True).start()
+        threading.Thread(target=guard.report_state, args=(STATE_EVERY,), daemon=True).start()
     rc = guard.wait()
     try:
         if guard.child.returncode < 0:

@@ -7,7 +7,9 @@ on this machine, ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another 
 or ``srun ... --nodelist=node <python> -m mxlbbsp.launcher.guard`` in a SLURM allocation
 (:mod:`.slurm`). Either way
 the launcher writes the spec (argv, environment, folder) to the transport's stdin, reads its
-output line by line with a ``[role rank]`` prefix, and stops it by closing that stdin.
+output line by line with a ``[role rank]`` prefix (what the guard, the exit hook and a
+refusal say among those lines is taken out and kept: :mod:`.said`), and stops it by closing
+that stdin.
 
 The guard's first line says that it started; what comes before it is the transport's own
 (e.g. ssh failing to connect), so a role whose transport ended before that line can be
@@ -25,16 +27,10 @@ import threading
 import time
 from typing import IO, Dict, List, Optional, Tuple
 
-from .guard import CPU, EXITED, SIGNALLED, STARTED
+from .guard import STARTED
+from .said import ERROR_PREFIX, Said
 
 GUARD = ["-m", "mxlbbsp.launcher.guard"]
-#: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
-#: ``<EXIT_MARKER> <code> <the exception's last line>``
-EXIT_MARKER = "mxlbbsp-exit-hook:"
-#: how the library (mxlbbsp.core.env.refuse, mxlbbsp.checkpoint) and the guard refuse bad input
-ERROR_PREFIX = "mxlbbsp: error: "
-
-
 def local_transport() -> List[str]:
     return [sys.executable, *GUARD]
 
@@ -80,30 +76,6 @@ class Output:
             self._err.flush()
 
 
-def _seconds(text: str) -> Optional[float]:
-    """The CPU seconds of a guard CPU line's tail, None if it is not one."""
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
-
-
-def _exit_code(text: str) -> Optional[int]:
-    """The exit code of a guard exit line's tail, None if it is not one."""
-    text = text.strip()
-    return int(text) if text.isdigit() else None
-
-
-def _guard_tail(text: str, marker: str, parse) -> tuple:
-    """(what comes before, the parsed value) when ``text`` ends with a guard line ``marker
-    VALUE``: a line of its own (then what comes before is ""), or one written after a partial
-    line of the command's, which had no newline yet, sharing its line; else (text, None)."""
-    at = text.rfind(marker)
-    value = parse(text[at + len(marker):]) if at >= 0 else None
-    return (text, None) if value is None else (text[:at], value)
-
-
 class RoleProcess:
     """One role of the job on one host, run by a guard."""
 
@@ -114,7 +86,7 @@ class RoleProcess:
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
-        #: the job's transport object that explains this process's failures (job.py sets it)
+        #: the job's transport object that settles this process's end (roles.py sets it)
         self.via = None
         #: the transport's own lines on stderr that the launcher's failure line says better
         #: (e.g. srun's "task 0: Exited with exit code N"): kept in the log, not shown
@@ -127,24 +99,13 @@ class RoleProcess:
         self.boot = boot
         #: the guard reports the command's CPU seconds this often (remote workers)
         self.cpu_every = cpu_every
-        #: the guard's last report: (time.monotonic() when it came, CPU seconds)
-        self.cpu_report: Optional[Tuple[float, float]] = None
-        #: why the command ended, as its exit hook said (e.g. "RuntimeError: boom")
-        self.exit_reason: Optional[str] = None
-        #: the command's own one-line refusal ("mxlbbsp: error: ..." from the library or
-        #: the guard), held back: the launcher's failure line carries it, once
-        self.error_line: Optional[str] = None
-        #: its last line on stderr (over SSH: ssh's own word on a lost connection, if any)
-        self.last_stderr: Optional[str] = None
+        #: what its guard, its exit hook and its refusals said (see :mod:`.said`)
+        self.said = Said()
         name = role if rank is None else f"{role} {rank}"
         self.label = f"{name}@{host}" if show_host else name
         self.proc: Optional[subprocess.Popen] = None
         #: set when the guard has said it started: the transport is connected
         self.connected = threading.Event()
-        #: the command's exit code as the guard reported it (None: the guard did not say)
-        self.reported_exit: Optional[int] = None
-        #: the signal that ended the command, as the guard reported it (None: none)
-        self.signalled: Optional[int] = None
         self.attempts = 0
         self._threads: List[threading.Thread] = []
         self._log = None
@@ -192,10 +153,7 @@ class RoleProcess:
         def run():
             for raw in iter(stream.readline, b""):
                 text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if to_stderr and text.startswith(ERROR_PREFIX):
-                    # (checked first: the guard's refusal on stderr may be read before its
-                    # start line on stdout, and is no transport message to hold back)
-                    self.error_line = text[len(ERROR_PREFIX):]
+                if self.said.refusal(text, to_stderr):
                     if self._log is not None:
                         self._log.write(text + "\n")
                     continue
@@ -207,32 +165,11 @@ class RoleProcess:
                         else:
                             self._early.append((text, to_stderr))
                         continue
-                if not to_stderr:
-                    # the guard's CPU reports, and its last line with the exit code
-                    text, seconds = _guard_tail(text, CPU, _seconds)
-                    if seconds is not None:
-                        self.cpu_report = (time.monotonic(), seconds)
-                    text, code = _guard_tail(text, EXITED, _exit_code)
-                    if code is not None:
-                        self.reported_exit = code
-                    text, signum = _guard_tail(text, SIGNALLED, _exit_code)
-                    if signum is not None:
-                        self.signalled = signum
-                    if not text and (seconds is not None or code is not None
-                                     or signum is not None):
-                        continue
-                if to_stderr and text.startswith(EXIT_MARKER):
-                    self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]
-                    if self._log is not None:
-                        self._log.write(text + "\n")
-                    continue
-                if to_stderr and self.hide is not None and self.hide.search(text):
-                    if self._log is not None:
-                        self._log.write(text + "\n")
-                    continue
-                if to_stderr:
-                    self.last_stderr = text
-                self.output.line(self.label, text, to_stderr, self._log)
+                shown, logged = self.said.take(text, to_stderr, self.hide)
+                if shown is not None:
+                    self.output.line(self.label, shown, to_stderr, self._log)
+                elif logged and self._log is not None:
+                    self._log.write(text + "\n")
             stream.close()
 
         thread = threading.Thread(target=run, name=f"output {self.label}", daemon=True)
@@ -246,7 +183,7 @@ class RoleProcess:
 
     def release_error(self) -> None:
         """Show the held-back error line after all (nothing failed because of it)."""
-        line, self.error_line = self.error_line, None
+        line, self.said.error_line = self.said.error_line, None
         if line is not None:
             self.output.line(self.label, ERROR_PREFIX + line, True, None)
 
@@ -306,7 +243,7 @@ class RoleProcess:
         seconds = self.cpu_seconds()
         if seconds is not None:
             return time.monotonic(), seconds
-        return self.cpu_report
+        return self.said.cpu_report
 
     def cpu_seconds(self) -> Optional[float]:
         """CPU time used so far by the role's processes on this machine (None: not here)."""
@@ -324,9 +261,12 @@ class RoleProcess:
         return total
 
     def stopped(self) -> bool:
-        """The role's command is stopped (SIGSTOP, a debugger) on this machine."""
+        """The role's command is stopped (SIGSTOP, a debugger): seen on this machine, or as
+        its remote guard said."""
         import psutil
         tree = self.local_tree()
+        if not tree:
+            return self.said.stopped and self.poll() is None
         try:
             return bool(tree) and tree[0].status() == psutil.STATUS_STOPPED
         except psutil.Error:

@@ -36,7 +36,7 @@ from . import ssh
 from .config import ConfigError, LaunchConfig
 from .hostfile import Host
 from .procs import GUARD, RoleProcess
-from .transport import FORWARD, FORWARD_PREFIXES, RETRY, Transport, forwarded_environment
+from .transport import FORWARD, FORWARD_PREFIXES, Transport, forwarded_environment
 
 #: how long a SLURM client command (scontrol, squeue, scancel) may take
 CLIENT_TIMEOUT = 30
@@ -46,10 +46,6 @@ PREFLIGHT_TIMEOUT = 60
 START_ATTEMPTS = 3
 #: node states (``sinfo %t``, without the flags after them) that run no step
 GONE_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "npc", "boot")
-#: srun's (and slurmstepd's) words for a step that ended because of SLURM, not the role
-_NODE_LOST = re.compile(r"[Nn]ode failure|NODE_FAIL|Socket timed out|Connection refused|"
-                        r"[Cc]ommunication connection failure|Unable to contact")
-_CANCELLED = re.compile(r"CANCELLED|DUE TO TIME LIMIT|DUE TO PREEMPTION")
 
 
 def in_allocation(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -280,29 +276,10 @@ class SlurmTransport(Transport):
                 f"{len(self.distinct(hosts))} node(s) of allocation {self.job_id}, nothing "
                 f"was started: {'; '.join(failed)}")
 
-    def explain(self, p: RoleProcess, rc: int, answers) -> Optional[str]:
+    def settle(self, p: RoleProcess, rc: int) -> bool:
         p.drain_output()                     # the guard's exit line, if it sent one
-        if p.reported_exit is not None:
-            return None                      # the role's own exit code
-        if not p.connected.is_set():
-            # srun ended before the guard ran (e.g. the step could not be created)
-            if p.reconnect(START_ATTEMPTS):
-                return RETRY
-            last = p.flush_early()
-            return (f"could not start a job step on {p.host} ({p.attempts} attempt(s), srun "
-                    f"exit {rc}{': ' + last if last else ''})")
-        said = p.last_stderr or ""
-        if not said.startswith(("srun:", "slurmstepd")):
-            said = ""                        # the role's own line, not SLURM's word
-        if _NODE_LOST.search(said) or not answers(p.host):
-            return f"lost its node {p.host} (srun exit {rc}{': ' + said if said else ''})"
-        if _CANCELLED.search(said):
-            return f"was cancelled by SLURM on {p.host} ({said})"
-        return (f"exited on {p.host}: its guard was killed, and the role with it (srun exit "
-                f"{rc}{': ' + said if said else ''})")
-
-    def killed_by(self, p: RoleProcess) -> Optional[str]:
-        return None                          # srun's own exit code: see explain
+        # srun ended before the guard ran (e.g. the step could not be created)
+        return p.said.reported_exit is None and p.reconnect(START_ATTEMPTS)
 
     def steps(self) -> List[str]:
         """The ids of this launch's steps that SLURM still knows (``squeue -s``)."""

@@ -13,8 +13,9 @@ roles are started:
   which address a role announces to ps-lite (:meth:`Transport.bind_address`,
   :meth:`Transport.node_host`);
 * what the environment of a role carries over from this one (:meth:`Transport.forwarded`);
-* how a role's transport failing is told from the role failing (:meth:`Transport.explain`):
-  e.g. ssh's exit 255 for a lost connection, srun's word on a node failure;
+* what to read, or start again, before a role's end is diagnosed (:meth:`Transport.settle`;
+  the diagnosis itself, e.g. ssh's exit 255 for a lost connection or srun's word on a node
+  failure, is one pure table in :mod:`.diagnosis`, whose rows are chosen by :attr:`name`);
 * what is left to clean up once every guard was stopped (:meth:`Transport.cleanup`).
 
 Three implementations: :class:`LocalTransport` (every role on this machine),
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import socket
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -42,10 +42,6 @@ FORWARD = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "LD_LIBRARY_PATH", "OMP_NUM_THRE
 FORWARD_PREFIXES = ("MXNET_", "DMLC_", "MXLBBSP_")
 #: the names ``--launcher`` takes
 NAMES = ("local", "ssh", "slurm")
-
-#: :meth:`Transport.explain`'s answer when the role's transport should be started again (it
-#: ended before its guard ran, so nothing of the role ran yet)
-RETRY = "retry"
 
 
 def forwarded_environment() -> Dict[str, str]:
@@ -63,7 +59,7 @@ class Transport:
     #: roles may run on other machines than this one: output labels carry the host, the
     #: environment is forwarded, the command is not checked here
     remote = False
-    #: the guard reports its command's CPU seconds (they cannot be measured here)
+    #: the guard reports its command's CPU seconds and stopped state (not measurable here)
     reports_cpu = False
     #: a regex of the transport's own stderr lines that are not shown (see RoleProcess.hide)
     hide = None
@@ -142,18 +138,11 @@ class Transport:
         """The different machines among ``hosts``."""
         return ssh.distinct(hosts)
 
-    def explain(self, p: RoleProcess, rc: int, answers) -> Optional[str]:
-        """Why ``p``'s transport ended with ``rc`` when the transport itself failed (a lost
-        connection, a node that failed), :data:`RETRY` to start it again, None when the role
-        ended by itself. ``answers(host_name)``: whether that host passes the pre-flight."""
-        return None
-
-    def killed_by(self, p: RoleProcess) -> Optional[str]:
-        """The signal that killed ``p``'s guard (so the role with it), if that is known."""
-        if p.proc is not None and p.proc.returncode is not None and p.proc.returncode < 0 \
-                and p.reported_exit is None:
-            return signal.Signals(-p.proc.returncode).name
-        return None
+    def settle(self, p: RoleProcess, rc: int) -> bool:
+        """Before ``p``'s end is diagnosed (:mod:`.diagnosis`): read what its transport
+        still has to say and, when the transport ended before its guard ran (so nothing of
+        the role ran yet), start it again. True while it is being started again."""
+        return False
 
     def cleanup(self) -> None:
         """After every guard was stopped: anything of the job left in the transport."""
@@ -232,27 +221,13 @@ class SshTransport(Transport):
     #: how often a role is started over SSH when the connection fails before its guard runs
     CONNECT_ATTEMPTS = 5
 
-    def explain(self, p: RoleProcess, rc: int, answers) -> Optional[str]:
+    def settle(self, p: RoleProcess, rc: int) -> bool:
         if rc != 255:
-            return None
+            return False
         p.drain_output()                  # the guard's exit line, if it sent one
-        if p.reported_exit == 255:        # the command's own 255 is not ssh's
-            return None
-        if p.reconnect(self.CONNECT_ATTEMPTS):
-            return RETRY
-        last = p.flush_early()
-        if not p.connected.is_set():
-            return (f"could not connect to {p.host} ({p.attempts} attempt(s), ssh exit 255"
-                    f"{': ' + last if last else ''})")
-        if not ssh.says_connection_lost(p.last_stderr) and answers(p.host):
-            # ssh says nothing when the remote command itself ends by a signal (nor, at
-            # LogLevel ERROR, when its keep-alives time out: hence the probe)
-            return (f"exited on {p.host}: its guard was killed, and the role with it (ssh exit "
-                    "255 with the connection intact)")
-        return f"lost its SSH connection on {p.host} (ssh exit 255)"
-
-    def killed_by(self, p: RoleProcess) -> Optional[str]:
-        return None                        # ssh's own exit code: see explain
+        if p.said.reported_exit == 255:        # the command's own 255 is not ssh's
+            return False
+        return p.reconnect(self.CONNECT_ATTEMPTS)
 
 
 def _resolves(name: str) -> bool:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mxlbbsp.control import coordinator as coordinator_module
+from mxlbbsp.control import connection as connection_module
 from mxlbbsp.core import metrics
 from mxlbbsp.core import protocol as P
 from mxlbbsp.worker.session import JobAborted
@@ -79,7 +79,7 @@ def test_a_registered_worker_sending_deep_json_fails_the_job_in_one_line(coordin
 
 
 def test_refusal_warnings_are_rate_limited(coordinator, caplog, monkeypatch):
-    monkeypatch.setattr(coordinator_module, "REFUSAL_SUMMARY_S", 0.5)
+    monkeypatch.setattr(connection_module, "REFUSAL_SUMMARY_S", 0.5)
     c = coordinator(1)
     caplog.set_level(logging.WARNING, logger="mxlbbsp.control.coordinator")
     bad = P.encode(P.hello(0, "wrong", 1, "h", 64, 640, None))
@@ -94,7 +94,7 @@ def test_refusal_warnings_are_rate_limited(coordinator, caplog, monkeypatch):
             and time.monotonic() < deadline:
         time.sleep(0.05)
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    shown = coordinator_module.REFUSALS_SHOWN
+    shown = connection_module.REFUSALS_SHOWN
     assert len(lines) <= shown + summaries, lines            # not 200
     assert all("refused a connection from" in line for line in lines[:shown])
     time.sleep(1.5)                                 # the last summary (0.5 s timer)

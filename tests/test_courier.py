@@ -129,7 +129,7 @@ def test_planner_moves_up_when_the_cluster_slows_and_keeps_still_under_noise():
     rows = _planner.plan(_model(fast), 0.01, work, planner.batches)
     # a deadline that B=256 meets comfortably at full speed
     time_left = {r.batch: r.finish_s for r in rows}[256] * 1.3
-    b0 = planner.initial(_model(fast), 0.01, work, time_left)
+    b0 = planner.update(_model(fast), 0.01, work, time_left, force=True)
     seen = []
     for _ in range(30):                                 # 3% noise on the speeds
         noisy = fast * (1 + 0.03 * rng.standard_normal(n))
@@ -166,7 +166,7 @@ def simulate_planner(deadline_s, speeds, fixed_s, sync_s, N, epochs, noise, seed
         est = TimeModel(speeds * np.exp(error), np.full(n, fixed_s))
         work = _planner.Work(min(rest, remaining), N, max(remaining - rest, 0) / N)
         if planner.current is None:
-            B = planner.initial(est, sync_s, work, deadline_s - clock)
+            B = planner.update(est, sync_s, work, deadline_s - clock, force=True)
         else:
             B = planner.update(est, sync_s, work, deadline_s - clock, epoch=epoch)
         b = min(B, rest)
@@ -227,7 +227,7 @@ def test_the_margin_follows_the_measured_spread_of_iteration_times():
 def test_planner_says_when_no_batch_meets_the_deadline():
     planner = _planner.BatchPlanner(64, 256)
     work = _planner.Work(10**6, 10**6, 1)
-    b = planner.initial(_model([100.0, 100.0]), 0.01, work, time_left=1.0)
+    b = planner.update(_model([100.0, 100.0]), 0.01, work, time_left=1.0, force=True)
     assert planner.missing and b == 256
 
 

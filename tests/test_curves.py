@@ -11,9 +11,9 @@ import pytest
 
 import mxlbbsp
 from mxlbbsp.core import metrics
-from mxlbbsp.analysis import report
+from mxlbbsp.analysis import runs as report_runs
 from mxlbbsp.worker import scalars
-from mxlbbsp.control.coordinator import auto_min_batch
+from mxlbbsp.control.registration import auto_min_batch
 
 from test_coordinator import coordinator, finished_records, sessions  # noqa: F401
 
@@ -119,7 +119,7 @@ def test_a_malformed_log_message_fails_the_job(coordinator):
     c = coordinator(1, sync="bsp", predictor="last")
     ss, _ = sessions(c, 1, sync="bsp")
     _step(ss[0], 64, 0.01)
-    ss[0]._send({"type": P.LOG, "iteration": 0, "scalars": {"loss": "high"}})
+    ss[0].send({"type": P.LOG, "iteration": 0, "scalars": {"loss": "high"}})
     deadline = __import__("time").monotonic() + 5
     while c.failure is None and __import__("time").monotonic() < deadline:
         __import__("time").sleep(0.02)
@@ -144,8 +144,8 @@ def test_report_refuses_scalars_that_are_not_numbers(tmp_path):
            "sync": "bsp", "time": 1.0, "iteration_s": 0.1, "scalars": {"loss": "x"}}
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps(rec) + "\n")
-    with pytest.raises(report.InputError, match=r"m.jsonl:1: scalars is"):
-        report.load_run(str(path))
+    with pytest.raises(report_runs.InputError, match=r"m.jsonl:1: scalars is"):
+        report_runs.load_run(str(path))
 
 
 # ---- diagnoses -------------------------------------------------------------------------------
@@ -156,7 +156,8 @@ def _records(sizes, compute, iteration_s, n_iter=10, sync="lbbsp", **extra):
         for r, (b, c) in enumerate(zip(sizes, compute)):
             out.append({"iteration": t, "rank": r, "batch_size": b, "compute_s": c,
                         "speed": b / c, "wait_s": iteration_s - c, "iteration_s": iteration_s,
-                        "sync": sync, "time": float(t), **(extra if t == 0 else {})})
+                        "sync": sync, "barrier": sync not in ("asp", "r2sp"),
+                        "time": float(t), **(extra if t == 0 else {})})
     return out
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from mxlbbsp.core import env as _env
-from mxlbbsp.launcher import guard, procs
+from mxlbbsp.launcher import guard, said
 
 BOOT = guard.BOOT_DIR
 #: proves that the interpreter's teardown ran (an atexit handler) or did not
@@ -25,12 +25,14 @@ def run(code, env=None, pythonpath=(BOOT,)):
 
 
 def marker(r):
-    return [line for line in r.stderr.splitlines() if line.startswith(procs.EXIT_MARKER)]
+    return [line for line in r.stderr.splitlines() if line.startswith(said.EXIT_MARKER)]
 
 
 def test_the_names_agree():
     text = open(os.path.join(BOOT, "sitecustomize.py")).read()
-    assert f'MARKER = "{procs.EXIT_MARKER}"' in text
+    assert f'MARKER = "{said.EXIT_MARKER}"' in text
+    assert said.ENDED_MARKER == said.EXIT_MARKER + " ended" and \
+        'ENDED = MARKER + " ended"' in text
     assert f'ENABLE = "{_env.EXIT_HOOK}"' in text
 
 
@@ -47,7 +49,7 @@ def test_a_failure_ends_the_process_at_once_with_its_code(code, rc, reason):
     r = run(code)
     assert r.returncode == rc, r.stderr
     assert "teardown ran" not in r.stdout           # no teardown: no finalize barrier
-    assert marker(r) == [f"{procs.EXIT_MARKER} {rc} {reason}"]
+    assert marker(r) == [f"{said.EXIT_MARKER} {rc} {reason}"]
     if "Error" in reason:
         assert "Traceback (most recent call last)" in r.stderr     # printed as usual
     if "bad input" in reason:
@@ -69,12 +71,26 @@ def test_what_succeeds_still_tears_down_as_before(code):
     r = run(code)
     assert r.returncode == 0, r.stderr
     assert "teardown ran" in r.stdout
-    assert marker(r) == [] and r.stderr == ""
+    # the one line it adds: the script ended normally (before the finalize barrier)
+    assert r.stderr == said.ENDED_MARKER + "\n"
+
+
+def test_the_normal_end_is_announced_by_the_workers_own_process_only():
+    # a Python child of the worker (e.g. a spawned data-loading process) ends too: no line
+    r = run("import subprocess, sys\n"
+            "subprocess.run([sys.executable, '-c', 'print(1)'], check=True)\n")
+    assert r.returncode == 0 and marker(r) == [said.ENDED_MARKER], r.stderr
+
+
+def test_no_normal_end_is_announced_with_the_hook_off():
+    r = run("print('fine')", env={_env.EXIT_HOOK: "0"})
+    assert r.returncode == 0 and marker(r) == [], r.stderr
 
 
 def test_an_exception_in_a_thread_is_printed_and_the_process_goes_on():
     r = run("import threading\nt = threading.Thread(target=lambda: 1 / 0)\nt.start(); t.join()")
-    assert r.returncode == 0 and "ZeroDivisionError" in r.stderr and not marker(r)
+    assert r.returncode == 0 and "ZeroDivisionError" in r.stderr
+    assert marker(r) == [said.ENDED_MARKER]                  # it ended normally
     assert "teardown ran" in r.stdout
 
 
@@ -95,7 +111,7 @@ def test_a_script_with_its_own_excepthook_still_ends_without_teardown():
     assert r.returncode == 1 and "mine" in r.stderr          # the script's hook printed
     assert "teardown ran" in r.stdout                         # and its atexit handlers ran
     assert "finalized" not in r.stdout                        # but no module teardown
-    assert marker(r) == [f"{procs.EXIT_MARKER} 1 RuntimeError: x"]
+    assert marker(r) == [f"{said.EXIT_MARKER} 1 RuntimeError: x"]
 
 
 def test_own_excepthook_under_python_m(tmp_path):
@@ -105,7 +121,7 @@ def test_own_excepthook_under_python_m(tmp_path):
     r = subprocess.run([sys.executable, "-m", "job"], capture_output=True, text=True,
                        env=full, timeout=60)
     assert r.returncode == 1 and "finalized" not in r.stdout
-    assert marker(r) == [f"{procs.EXIT_MARKER} 1 KeyError: 'k'"]
+    assert marker(r) == [f"{said.EXIT_MARKER} 1 KeyError: 'k'"]
 
 
 def test_a_traceback_shown_by_the_code_module_is_not_taken_for_a_failure():

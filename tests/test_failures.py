@@ -91,6 +91,45 @@ def test_workers_with_different_iteration_counts_end_the_job_with_one_line():
     assert "use the DataLoader's epochs" in error
 
 
+def test_a_plain_script_with_uneven_iteration_counts_ends_soon_after_the_first_end():
+    """Issue 22: worker 1 (no mxlbbsp API) ends its script after 5 of 10 iterations while
+    worker 0 waits in its push/pull; before, only the 300 s start-up floor ended the job."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "5", "--", PY, SCRIPT, "--plain",
+                   "--fail", "stop", "--iterations", 10])
+    try:
+        job.wait_for(r"\[worker 1\] rank 1 finished after")
+        ended = time.monotonic()
+        rc = job.finish()
+        took = time.monotonic() - ended
+    finally:
+        job.close()
+    assert rc == 1, job.output
+    errors = [line for line in job.lines if "error:" in line]
+    assert len(errors) == 1, job.output
+    assert re.search(r"error: worker 1 ended normally (\d+) s ago \(its script returned\), "
+                     r"while worker 0 still runs", errors[0]), errors[0]
+    assert int(re.search(r"ended normally (\d+) s ago", errors[0])[1]) <= 30, errors[0]
+    assert "every worker must run the same number of iterations" in errors[0]
+    assert took < BOUND / 2, (took, job.output)       # the 300 s floor did not apply
+    assert "mxlbbsp-exit-hook" not in job.output
+    assert any("worker 1 ended its script and waits for the others" in line
+               for line in job.lines), job.output
+    assert wait_no_leftovers(job.marker) == []
+
+
+@pytest.mark.parametrize("busy, linger", [(True, 28), (False, 8)], ids=["busy", "asleep"])
+def test_a_worker_that_ends_first_is_not_failed_while_the_other_finishes(busy, linger):
+    """Worker 0 ends its script first; worker 1 spends ``linger`` s more after the same
+    iterations: computing (longer than the 20 s the launcher waits without CPU use), or asleep
+    (shorter). Both end normally, and so does the job."""
+    r = launch("--plain", "--fail", "none", "--iterations", 10, "--linger", linger,
+               *(["--busy"] if busy else []))
+    assert r.rc == 0, r.output
+    assert f"[worker 1] rank 1 lingered {linger:g} s" in r.stdout, r.output
+    assert r.seconds > linger, r.output
+    assert not error_lines(r), r.output
+
+
 class Running:
     """A job in the background, with its output collected line by line."""
 
@@ -227,7 +266,7 @@ def test_kill_9_of_a_guard_ends_its_role_and_the_job():
 # ---- the stall limit and its option (no processes) -------------------------------------------
 
 def test_the_automatic_stall_limit_follows_the_jobs_own_iteration_times():
-    from mxlbbsp.launcher.job import STALL_MEDIANS, stall_limit
+    from mxlbbsp.launcher.watch import STALL_MEDIANS, stall_limit
     floors = (300.0, 120.0)
     assert stall_limit(None, floors, -1, None) == 300.0           # until the first iteration
     assert stall_limit(None, floors, 5, 0.5) == 120.0             # fast iterations: the floor
@@ -280,27 +319,11 @@ def test_the_stall_floors_variable_is_checked():
 
 def test_the_progress_line_shows_no_stale_speed_when_nothing_advances():
     from mxlbbsp.control.coordinator import Progress
-    from mxlbbsp.launcher.job import Job
-    from mxlbbsp.launcher.procs import Output
-    import io
-
-    class Coordinator:
-        registered = 2
-
-        def __init__(self, progress):
-            self._progress = progress
-
-        def progress(self):
-            return self._progress
-    err = io.StringIO()
-    job = Job.__new__(Job)
-    job.output = Output(stdout=io.StringIO(), stderr=err)
+    from mxlbbsp.launcher.progress import progress_line
     now = time.monotonic()
-    job.coordinator = Coordinator(Progress(40, 2560, now, 123.4, [40, 24], 0.5))
-    job._print_progress(30.0)
-    job.coordinator = Coordinator(Progress(40, 2560, now - 60, 123.4, [40, 24], 0.5))
-    job._print_progress(90.0)
-    first, second = err.getvalue().splitlines()
-    assert first == "[mxlbbsp] 30 s: iteration 40, 123.4 samples/s, batch sizes 40,24"
-    assert second == ("[mxlbbsp] 90 s: iteration 40, no iteration finished for 60 s, "
-                      "batch sizes 40,24")
+    moving = Progress(40, 2560, now, 123.4, [40, 24], 0.5)
+    still = Progress(40, 2560, now - 60, 123.4, [40, 24], 0.5)
+    assert progress_line(30.0, moving, 2, 2, 2, [], [], now) == \
+        "30 s: iteration 40, 123.4 samples/s, batch sizes 40,24"
+    assert progress_line(90.0, still, 2, 2, 2, [], [], now) == \
+        "90 s: iteration 40, no iteration finished for 60 s, batch sizes 40,24"

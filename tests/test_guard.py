@@ -104,4 +104,58 @@ def test_the_launcher_takes_the_cpu_lines_and_shows_the_rest():
     assert role.wait(30) == 0
     role.finish_output()
     assert out.getvalue() == "[worker 0] half\n[worker 0] line\n"
-    assert role.cpu_report[1] == 2.5 and role.cpu_sample() == role.cpu_report
+    assert role.said.cpu_report[1] == 2.5 and role.cpu_sample() == role.said.cpu_report
+
+
+STOPS_ITSELF = ("import os, signal, subprocess, sys, time\n"
+                "time.sleep(0.5)\n"
+                "subprocess.Popen(['sh', '-c', 'sleep 1.5; kill -CONT %d' % os.getpid()])\n"
+                "os.kill(os.getpid(), signal.SIGSTOP)\n"
+                "time.sleep(0.5)\n"
+                "print('resumed', flush=True)\n")
+
+
+def test_the_guard_says_when_its_command_is_stopped_and_runs_again():
+    from mxlbbsp.launcher.guard import CONTINUED, STOPPED
+    res = run_guard({}, {}, code=STOPS_ITSELF, cpu_every=5.0)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln in (STOPPED, CONTINUED, "resumed")]
+    assert lines == [STOPPED, CONTINUED, "resumed"], res.stdout
+
+
+def test_the_guard_says_nothing_of_stops_unless_asked():
+    from mxlbbsp.launcher.guard import STOPPED
+    res = run_guard({}, {}, code=STOPS_ITSELF)
+    assert res.returncode == 0 and STOPPED not in res.stdout, res.stdout
+
+
+def test_the_launcher_takes_the_state_lines_and_the_exit_hooks_end():
+    # a stand-in for a remote guard and its worker: stopped (a line written after a partial
+    # line of the command's), then the worker's normal end
+    import io
+    from mxlbbsp.launcher.guard import CONTINUED, EXITED, STOPPED
+    from mxlbbsp.launcher.procs import Output, RoleProcess
+    from mxlbbsp.launcher.said import ENDED_MARKER
+    fake = (f"import sys, time\nsys.stdin.readline()\nw = sys.stdout.write\n"
+            f"w('{STARTED}\\n'); w('half'); w('{STOPPED}\\n'); sys.stdout.flush()\n"
+            f"time.sleep(3)\n"
+            f"w('line\\n'); w('{CONTINUED}\\n'); sys.stdout.flush()\n"
+            f"sys.stderr.write('{ENDED_MARKER}\\n'); sys.stderr.flush()\n"
+            f"time.sleep(3)\n"
+            f"w('{EXITED} 0\\n'); sys.stdout.flush()\n")
+    out, err = io.StringIO(), io.StringIO()
+    role = RoleProcess("worker", 0, "h", ["true"], {}, os.getcwd(),
+                       [sys.executable, "-c", fake], Output(stdout=out, stderr=err),
+                       cpu_every=1.0)
+    role.start()
+    seen = []
+    while role.poll() is None:
+        seen.append((role.stopped(), role.said.ended_at is not None))
+        role.wait(0.1)
+    role.finish_output()
+    assert role.wait(1) == 0
+    assert out.getvalue() == "[worker 0] half\n[worker 0] line\n"
+    assert err.getvalue() == ""
+    assert (True, False) in seen and (False, True) in seen, seen
+    assert seen.index((True, False)) < seen.index((False, True))
+    assert not role.stopped()                                   # it ended

@@ -110,12 +110,14 @@ def r2sp_workers(c, n, iterations, cost, B=60, push_s=0.002):
     return sizes
 
 
-def test_r2sp_grants_round_robin_slots_spaced_by_the_gap(coordinator):
+def test_r2sp_grants_round_robin_slots_spaced_by_the_gap(coordinator, caplog):
     c = coordinator(3, sync="r2sp", predictor="last",
                     sync_options={"gap_ratio": 0.8, "tuning": "none"})
-    sizes = r2sp_workers(c, 3, 8, [0.0005] * 3)
+    with caplog.at_level("DEBUG", logger="mxlbbsp.modes.r2sp"):
+        sizes = r2sp_workers(c, 3, 8, [0.0005] * 3)
     assert all(s == [20] * 8 for s in sizes)
-    log = list(c._policy.log)
+    # the policy's debug line of each grant carries (when, rank, iteration, gap)
+    log = [r.grant for r in caplog.records if hasattr(r, "grant")]
     assert [(rank, t) for _, rank, t, _ in log] == [(r, t) for t in range(8) for r in range(3)]
     T = c._policy.iteration_time
     assert 0.01 < T < 1.0            # 60/3 * 0.5 ms + 2 ms push, plus the machine's noise

@@ -155,8 +155,8 @@ def test_report_compares_runs(tmp_path):
 
 
 def test_runs_are_labelled_by_sync_mode_and_stem_when_ambiguous(tmp_path):
-    from mxlbbsp.analysis.report import _label_runs
-    from mxlbbsp.analysis.report import load_run
+    from mxlbbsp.analysis.runs import _label_runs
+    from mxlbbsp.analysis.runs import load_run
     (tmp_path / "a").mkdir()
     paths = [write_jsonl(tmp_path / "bsp.jsonl", make_records("bsp", iterations=3)),
              write_jsonl(tmp_path / "lb.jsonl", make_records("lbbsp", iterations=3)),

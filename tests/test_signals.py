@@ -14,6 +14,7 @@ from mxlbbsp.core import signals
 from mxlbbsp.analysis import trace as _trace
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.control.coordinator import CoordinatorConfig
+from mxlbbsp.control.recorder import record
 
 
 class FakeHost:
@@ -169,7 +170,7 @@ def test_coordinator_feeds_the_chosen_columns_and_records_every_signal(tmp_path)
                for r in range(2)}
     c._on_iteration(1, reports)
     np.testing.assert_array_equal(seen[0], [[2.0, 50.0], [3.0, 51.0]])
-    rec = c._record(1, 0, reports[0], None)
+    rec = record(1, 0, reports[0], None, None, "a", None, 0, {}, "lbbsp", "last")
     assert rec["runq"] == 2.0 and rec["others_cpu"] == 30.0
     assert "cpu_pressure" not in rec
 

@@ -329,6 +329,36 @@ def test_stall_timeout_ends_a_hung_job(sshd, hostfile, running):
     assert_nothing_left(sshd, job.marker)
 
 
+def test_a_stopped_remote_worker_is_named_and_ends_the_job_as_locally(sshd, hostfile, running):
+    """Issue 22: the remote guard says that its worker is stopped; the launcher names it in
+    the progress line and ends the job after max(10 s, 20 x the median iteration), as for a
+    local worker, long before the 120 s running floor."""
+    job = running(launch(sshd, hostfile) + ["--progress", "2", "--", *TRAIN, "--epochs", "1000"])
+    worker = None
+    try:
+        job.wait_for(r"^\[worker 0@127\.0\.0\.1\] epoch 0 iteration")
+        worker = workers_of(job.marker, 2)[1]
+        worker.suspend()
+        suspended = time.monotonic()
+        rc = job.wait(110)
+        took = time.monotonic() - suspended
+    finally:
+        if worker is not None:
+            try:
+                worker.resume()
+            except psutil.Error:
+                pass
+    assert rc == 124, job.output
+    errors = [line for line in job.lines if "error:" in line]
+    assert len(errors) == 1 and "worker 1 is stopped (SIGSTOP or a debugger)" in errors[0], \
+        job.output
+    assert took < 100, (took, job.output)         # the 120 s running floor did not apply
+    assert any("worker 1 stopped, e.g. SIGSTOP" in line for line in job.lines
+               if re.search(r"\[mxlbbsp\] \d+ s: iteration", line)), job.output
+    assert "mxlbbsp guard: stopped" not in job.output        # the guard's lines are not shown
+    assert_nothing_left(sshd, job.marker)
+
+
 def test_restarts_leave_out_a_host_that_is_gone(sshd, tmp_path, running):
     """A host dies mid-job (its sshd and every session on it stop): --restarts 1 continues
     from the latest checkpoint on the host that remains, and says so."""

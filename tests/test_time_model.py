@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
-from mxlbbsp.control.coordinator import RETRY_EQUAL
-from mxlbbsp.control.coordinator import SPEED_WINDOW
+from mxlbbsp.control.speed import RETRY_EQUAL
+from mxlbbsp.control.speed import SPEED_WINDOW
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 # the simulation of benchmarks/time_model.py: a real Coordinator fed simulated times
@@ -131,7 +131,7 @@ def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
     worker is checked again once Courier shrinks its batch below half: a smaller batch has a
     larger fixed share."""
     from mxlbbsp.core.timemodel import AffineFit
-    from mxlbbsp.control.coordinator import AutoRegime
+    from mxlbbsp.control.speed import AutoRegime
     regime, fit = AutoRegime(2), AffineFit(2)
     regime.compute_bound, regime.compute_votes, regime.bound_at = True, 2, 32.0
     assert not regime.equal_split(fit, np.array([20.0, 20.0]))

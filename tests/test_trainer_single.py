@@ -71,3 +71,18 @@ def test_step_without_a_batch_size_outside_a_loader_says_what_it_needs():
     with pytest.raises(ValueError, match="needs a batch_size unless the batches come from an "
                                          "mxlbbsp.DataLoader"):
         trainer.step()
+
+
+def test_batchnorm_layers_pair_up_in_the_order_of_the_parameters_on_every_worker():
+    # Every worker pushes its layers' squared mean shifts in one vector: in the garbage
+    # collector's order (which differs between processes) the sums would mix layers.
+    from mxlbbsp.worker.batchnorm import RunningStats
+    late = gluon.nn.BatchNorm(momentum=0.8, in_channels=3)     # made first, added second
+    early = gluon.nn.BatchNorm(momentum=0.9, in_channels=5)
+    net = gluon.nn.HybridSequential()
+    net.add(early, late)
+    net.initialize()
+    aux = [p for p in net.collect_params().values() if p.grad_req == "null"]
+    pairs = RunningStats(aux, key=0)._pairs()
+    assert [(aux[p.mean].shape, p.momentum) for p in pairs] == [((5,), 0.9), ((3,), 0.8)]
+    assert [p.var for p in pairs] == [p.mean + 1 for p in pairs]

@@ -30,6 +30,15 @@ user's script. It
 
 What stays as before: scripts that catch their exceptions, ``sys.exit(0)``, ``sys.exit()``,
 a normal end (the normal finalize, barrier included), exceptions in other threads.
+
+A normal end is announced: the same ``atexit`` handler, when the interpreter goes down
+without an uncaught exception, writes ``mxlbbsp-exit-hook: ended`` on stderr before the
+finalize barrier. A worker that ends its script while the others still wait for its next
+push/pull (workers that run different numbers of iterations) then waits in that barrier
+forever, and nothing of it fails: the launcher hides the line, and ends the job when the
+other workers show no progress for a while after it (``launcher/watch.py``). Only the
+worker's own process announces (the first process that imported this module, whose pid it
+leaves in ``MXLBBSP_EXIT_HOOK_PID`` for its children), not the Python processes it starts.
 Not covered (the launcher's stall detection is the backstop): a ``SystemExit`` kept alive in
 a reference cycle (freed only by a later garbage collection); a ``SystemExit`` raised by C
 code other than ``sys.exit`` (e.g. ``_thread.exit``), and ``except SystemExit`` clauses do not
@@ -48,6 +57,11 @@ import sys
 ENABLE = "MXLBBSP_EXIT_HOOK"
 #: the marker line on stderr: ``<MARKER> <exit code> <the exception's last line>``
 MARKER = "mxlbbsp-exit-hook:"
+#: the line on stderr when the worker's script ended normally (before the finalize barrier)
+ENDED = MARKER + " ended"
+#: the pid of the worker's own process (the first that imported this module); its children
+#: inherit it and do not announce their end
+TOP_PID = "MXLBBSP_EXIT_HOOK_PID"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PlainSystemExit = SystemExit
@@ -157,10 +171,14 @@ def _exit(status=None):
 
 
 def _uncaught_at_exit() -> None:
-    """atexit: the script replaced ``sys.excepthook`` and died of an uncaught exception."""
+    """atexit: the script ended normally (announced), or it replaced ``sys.excepthook`` and
+    died of an uncaught exception (ended now)."""
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    if exc is None or getattr(sys.excepthook, "mxlbbsp_exit_hook", False):
-        return                         # no uncaught exception, or our hook saw it already
+    if exc is None:
+        _announce_end()
+        return
+    if getattr(sys.excepthook, "mxlbbsp_exit_hook", False):
+        return                         # our hook saw the uncaught exception already
     tb = getattr(exc, "__traceback__", None)
     if tb is None or not _main_thread():
         return
@@ -169,6 +187,17 @@ def _uncaught_at_exit() -> None:
     if not (where == "__main__" and top.f_code.co_name == "<module>") and where != "runpy":
         return                         # set by other code (e.g. the code module): not ours
     _end(1, _reason(type(exc), exc))
+
+
+def _announce_end() -> None:
+    """The script ended normally: say so (the worker's own process only, see above)."""
+    if os.environ.get(TOP_PID) != str(os.getpid()) or not _main_thread():
+        return
+    _flush()
+    try:
+        os.write(2, f"{ENDED}\n".encode())
+    except OSError:
+        pass
 
 
 def _thread_excepthook_ignoring_ours(previous):
@@ -182,6 +211,7 @@ def _thread_excepthook_ignoring_ours(previous):
 def install() -> None:
     if os.environ.get(ENABLE, "1") == "0":
         return
+    os.environ.setdefault(TOP_PID, str(os.getpid()))
     sys.excepthook = _excepthook(sys.excepthook)
     import atexit
     atexit.register(_uncaught_at_exit)

@@ -23,6 +23,9 @@ mxlbbsp's own:
 MXLBBSP_COORDINATOR    host:port of the coordinator (absent: no coordination)
 MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections without it
 MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
+                       | courier, or one registered by a module of MXLBBSP_MODE_MODULES
+MXLBBSP_MODE_MODULES   importable modules (comma-separated) that register more sync modes;
+                       set by the user, forwarded to every role like every MXLBBSP_ variable
 MXLBBSP_RANK           this worker's rank, 0..n-1, as the launcher numbers them
 MXLBBSP_HOST           the host name the launcher placed this process on (metrics)
 MXLBBSP_LOCAL_RANK     this worker's index among the job's workers on its host, 0..k-1
@@ -36,6 +39,8 @@ MXLBBSP_SIGNALS        the report columns this worker reads (mxlbbsp.core.signal
                        separated; empty: none; absent: signals.AUTO (launcher --signals)
 MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecustomize.py,
                        which reads it itself: it imports nothing of mxlbbsp)
+MXLBBSP_EXIT_HOOK_PID  written by the exit hook itself (not the launcher): the pid of the
+                       worker's own process, so that only it announces a normal end
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
                        of the automatic stall limit (default 300,120)
 MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier):
@@ -73,6 +78,8 @@ INTERFACE = "DMLC_INTERFACE"
 COORDINATOR = "MXLBBSP_COORDINATOR"
 TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
+#: modules (comma-separated) that register more sync modes (mxlbbsp.modes)
+MODE_MODULES = "MXLBBSP_MODE_MODULES"
 RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 LOCAL_RANK = "MXLBBSP_LOCAL_RANK"
@@ -81,6 +88,8 @@ SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 SIGNALS = "MXLBBSP_SIGNALS"
 EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
+#: the exit hook's own (launcher/_boot/sitecustomize.py reads it by name: stdlib only)
+EXIT_HOOK_PID = "MXLBBSP_EXIT_HOOK_PID"
 STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
 DEFAULT_STALL_FLOORS = (300.0, 120.0)

@@ -1,8 +1,8 @@
 """The metrics log: one JSON record per worker per iteration (``mxlbbsp launch --metrics``).
 
 Fields (at least): iteration, rank, host, batch_size, compute_s, wait_s, sync_s,
-iteration_s, speed, predicted_speed, cpu_percent, mem_percent, slowdown, sync, predictor,
-fallbacks, time. ``speed`` is batch_size / compute_s (samples/s); ``predicted_speed`` is what
+iteration_s, speed, predicted_speed, cpu_percent, mem_percent, slowdown, sync, barrier
+(whether the sync mode waits for every worker at each push/pull), predictor, fallbacks, time. ``speed`` is batch_size / compute_s (samples/s); ``predicted_speed`` is what
 the predictor expected that speed to be, one iteration ahead (null for the first).
 Optional: ``scalars`` ({name: number or null}, what the script gave :func:`mxlbbsp.log` in
 that iteration), ``momentum`` (the optimizer's, on the first record of a worker that has one),
@@ -150,8 +150,8 @@ class Totals:
         self._ranks: Dict[int, List[float]] = {}
         # the job's: sync mode, the largest momentum and lr factor seen, courier's deadline
         # and when its last iteration ended (seconds from the launch)
-        self._job: Dict[str, object] = {"sync": None, "momentum": None, "lr_factor": None,
-                                        "deadline_s": None, "done_s": None}
+        self._job: Dict[str, object] = {"sync": None, "barrier": None, "momentum": None,
+                                        "lr_factor": None, "deadline_s": None, "done_s": None}
 
     def state(self) -> dict:
         """Everything added so far, JSON-serialisable (a checkpoint carries it, so that the
@@ -170,6 +170,8 @@ class Totals:
         job = self._job
         if job["sync"] is None and isinstance(rec.get("sync"), str):
             job["sync"] = rec["sync"]
+        if job["barrier"] is None and isinstance(rec.get("barrier"), bool):
+            job["barrier"] = rec["barrier"]
         for key in ("momentum", "lr_factor", "done_s"):
             value = _num(rec.get(key))
             if value is not None and (job[key] is None or value > job[key]):
@@ -293,7 +295,8 @@ def diagnose(summary: Optional[dict]) -> List[str]:
     if isinstance(share, float) and math.isfinite(share) and share < COMPUTE_SMALL:
         text = (f"compute is only {share:.0%} of the iteration (the slowest worker's; the "
                 "rest is the push/pull and waiting for allocations)")
-        if sync != "asp" and isinstance(gain, float) and math.isfinite(gain):
+        if summary.get("barrier") is not False and isinstance(gain, float) \
+                and math.isfinite(gain):
             per = summary["per_rank"].values()
             speeds = [p["mean_batch"] / p["mean_compute_s"] for p in per
                       if p["mean_compute_s"] > 0]
@@ -322,7 +325,7 @@ def diagnose(summary: Optional[dict]) -> List[str]:
                        f"the --deadline was {deadline:g} s; a longer deadline, fewer --epochs "
                        "or a larger --batch-range maximum")
     momentum = summary.get("momentum")
-    if momentum is not None and momentum >= MOMENTUM_WARN and sync in ("asp", "r2sp"):
+    if momentum is not None and momentum >= MOMENTUM_WARN and summary.get("barrier") is False:
         out.append(f"momentum {momentum:g} with --sync {sync}: stale gradients with momentum "
                    "often diverge (seen: accuracy 0.77 -> 0.08 at 0.9); use momentum 0 or "
                    "--sync lbbsp")

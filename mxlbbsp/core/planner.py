@@ -30,6 +30,7 @@ from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp.core import metrics as _metrics
 from mxlbbsp.core import split as _split
 from mxlbbsp.core import timemodel as _tm
 
@@ -274,12 +275,6 @@ class BatchPlanner:
 
     # ---- choosing ----------------------------------------------------------------------
 
-    def initial(self, model: _tm.TimeModel, sync_s: float, work: Work,
-                time_left: float, max_batch=None) -> int:
-        """The first batch (from a profile, or the smallest when nothing is known yet)."""
-        self.current = None
-        return self.update(model, sync_s, work, time_left, max_batch, force=True)
-
     def update(self, model: _tm.TimeModel, sync_s: float, work: Work, time_left: float,
                max_batch=None, force: bool = False, epoch: Optional[int] = None) -> int:
         """The global batch for the next iteration (``epoch``: the one it belongs to)."""
@@ -365,7 +360,6 @@ def launch_clock() -> float:
 def schedule_from_metrics(path: str) -> List[int]:
     """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
     the workers' batches of each iteration), for a single process to replay them."""
-    from mxlbbsp.core import metrics as _metrics
     totals = {}
     for rec in _metrics.load(path):
         t = int(rec["iteration"])

@@ -29,7 +29,19 @@ the worker side.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Type
+import dataclasses
+from typing import (
+    Callable,
+    ClassVar,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 import numpy as np
 
@@ -77,10 +89,48 @@ class WorkerSession(Protocol):
     #: the global batch B(t) and this worker's local batch b_i(t) of the current iteration
     batch_global: int
     batch_local: int
+    iteration: int
+    #: connected to a job's coordinator (False in a single process)
+    coordinated: bool
+    #: what :meth:`SyncMode.attach` returned for this session
+    mode_half: object
+
+    def next_global_batch(self) -> Optional[int]:
+        """B(t+1) as the loader sees it (None: the data ends)."""
+
+    def on(self, kind: str, handler: Callable[[dict], None]) -> None:
+        """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
+
+    def set_slice(self, iteration: int, piece: _split.Slice) -> None:
+        """This worker's slice of ``iteration``'s global batch has come."""
+
+    def update(self, change: Callable[[], None]) -> None:
+        """Run ``change()`` under the session's lock and wake :meth:`wait_until`."""
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()``; raises when the job failed."""
+
+    def send(self, msg: dict) -> None:
+        """One protocol message to the coordinator."""
 
 
 class UnknownMode(ValueError):
     """A sync mode name that no module registered."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One command-line option of a sync mode: ``mxlbbsp launch`` gets the flag, and the
+    mode's policy the value under ``key`` (None: not given, the mode's default).
+
+    ``type``: str, int, float, or a tuple of the allowed strings. Two modes may declare the
+    same flag (e.g. ``--batch-range``) with the same type: it is one option of both.
+    """
+    key: str
+    flag: str
+    help: str
+    type: object = str
+    metavar: Optional[str] = None
 
 
 class CoordinatorPolicy:
@@ -93,6 +143,15 @@ class CoordinatorPolicy:
         self.coordinator = coordinator
         self.num_workers = coordinator.config.num_workers
         self.options = dict(options or {})
+
+    def resolved(self, defaults: dict, check) -> dict:
+        """This policy's options with ``defaults`` for those not given, passed through the
+        mode's ``check_options`` (ValueError with its one line when they fail it)."""
+        opts = dict(defaults, **{k: v for k, v in self.options.items() if v is not None})
+        problem = check(opts)
+        if problem:
+            raise ValueError(problem)
+        return opts
 
     def validate(self, hellos: Sequence[dict]) -> Optional[str]:
         """The first problem with the hellos for this mode, or None."""
@@ -109,7 +168,7 @@ class CoordinatorPolicy:
              current: Optional[np.ndarray]) -> np.ndarray:
         """The split of iteration t+1 (all n reports of t are in).
 
-        May raise :class:`~mxlbbsp.balancer.AllocationError` (the job fails with its text).
+        May raise :class:`~mxlbbsp.core.split.AllocationError` (the job fails with its text).
         """
         return _split.equal_split(next_B, self.num_workers)
 
@@ -140,6 +199,9 @@ class SyncMode:
     #: one sentence for ``mxlbbsp launch --help``
     help: ClassVar[str] = ""
     kvstore: ClassVar[str] = "dist_sync"
+    #: every worker waits for all at each iteration's push/pull (else each push is applied
+    #: on its own: gradients may be stale, workers may end at different iterations)
+    barrier: ClassVar[bool] = True
     #: iteration t is the same step on every worker (report: per-iteration sums make sense)
     aligned: ClassVar[bool] = True
     #: the predictor's forecasts drive the split (report: else they are only recorded)
@@ -147,14 +209,13 @@ class SyncMode:
     policy: ClassVar[Type[CoordinatorPolicy]] = CoordinatorPolicy
     #: the coordinator chooses the global batch B(t) (the workers follow ``total``)
     sets_batch: ClassVar[bool] = False
-    #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.checkpoint)
+    #: a job in this mode can be checkpointed and resumed exactly (mxlbbsp.core.store)
     checkpoints: ClassVar[bool] = False
     #: the workers report |their gradient sum|^2 (and rank 0 the global one's): goodput's
     #: noise scale (mxlbbsp.core.noise); an extra pass over the gradients, so off elsewhere
     grad_norms: ClassVar[bool] = False
-    #: the mode's own options: key (in the options dict its policy gets) -> command-line
-    #: flag of ``mxlbbsp launch`` (its LaunchConfig field is the flag's name with _ for -)
-    options: ClassVar[Dict[str, str]] = {}
+    #: the mode's own options (``mxlbbsp launch`` flags, generated from this declaration)
+    options: ClassVar[Tuple[Option, ...]] = ()
 
     @property
     def follows_allocations(self) -> bool:
@@ -183,6 +244,12 @@ class SyncMode:
         """Extra environment variables of the mode for every worker (from its options)."""
         return {}
 
+    def attach(self, sess: WorkerSession) -> object:
+        """Once per worker session of a job, before any message arrives: register handlers
+        of the mode's own messages (``sess.on``). Returns what the mode keeps per session
+        (``sess.mode_half``)."""
+        return None
+
     def before_push(self, sess: WorkerSession) -> None:
         """Called once the gradients are ready and reported, before the push."""
 
@@ -196,6 +263,18 @@ def register(cls: Type[SyncMode]) -> Type[SyncMode]:
         raise ValueError(f"sync mode {cls.name!r} is unnamed or already registered")
     _REGISTRY[cls.name] = cls()
     return cls
+
+
+def all_options() -> Dict[str, Tuple[Option, List[str]]]:
+    """Every mode's option by flag, with the modes that declare it (registration order)."""
+    out: Dict[str, Tuple[Option, List[str]]] = {}
+    for name, mode in _REGISTRY.items():
+        for opt in mode.options:
+            if opt.flag in out and out[opt.flag][0].type != opt.type:
+                raise ValueError(f"{opt.flag}: modes {out[opt.flag][1]} and {name} declare it "
+                                 "with different types")
+            out.setdefault(opt.flag, (opt, []))[1].append(name)
+    return out
 
 
 def available() -> list:

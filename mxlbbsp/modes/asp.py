@@ -17,6 +17,7 @@ class ASP(SyncMode):
     label = "ASP"
     help = "equal split, no barrier: each push applied on its own (dist_async)"
     kvstore = "dist_async"
+    barrier = False
     aligned = False
 
     def normalisers(self, sess) -> Tuple[float, float]:

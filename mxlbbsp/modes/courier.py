@@ -8,7 +8,7 @@ iterations, and at once when the current B is predicted to miss): for each candi
     ceil(samples left / B) * (LB-BSP makespan of B over the workers' predicted time models
                               + the measured push/pull time)
 
-and the coordinator takes the smallest B that meets the time left (:mod:`mxlbbsp.courier`,
+and the coordinator takes the smallest B that meets the time left (:mod:`mxlbbsp.core.planner`,
 with hysteresis), or the fastest when none does, and says so. Each B(t) is then split among
 the workers as LB-BSP does. The remaining work is ``--epochs`` epochs of the data set from
 the start of the job, less what has been trained.
@@ -34,7 +34,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 
-from ._api import SyncMode, available, get, register
+from ._api import Option, SyncMode, available, get, register
 from .lbbsp import LBBSPPolicy
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,7 @@ class CourierPolicy(LBBSPPolicy):
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
-        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
-        problem = Courier.check_options(opts)
-        if problem:
-            raise ValueError(problem)
+        opts = self.resolved(DEFAULTS, Courier.check_options)
         self.deadline_s = _planner.parse_duration(opts["deadline"])
         self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
         self.epochs = float(opts["epochs"])
@@ -190,8 +187,19 @@ class Courier(SyncMode):
     uses_predictor = True
     sets_batch = True
     policy = CourierPolicy
-    options = {"deadline": "--deadline", "batch_range": "--batch-range",
-               "lr_scaling": "--lr-scaling", "epochs": "--epochs"}
+    options = (
+        Option("deadline", "--deadline", metavar="DURATION",
+               help="the time budget of --epochs epochs, with a unit (90s, 15m, 1h30m). The "
+                    "coordinator re-chooses the global batch as the job runs: the smallest in "
+                    "--batch-range predicted to meet it."),
+        Option("batch_range", "--batch-range", metavar="MIN:MAX",
+               help="the global batch sizes to choose from (default 64:1024)."),
+        Option("lr_scaling", "--lr-scaling", type=tuple(_lr.LR_SCALING),
+               help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
+                    "global_batch_size): linear (default, Goyal et al.), sqrt, none."),
+        Option("epochs", "--epochs", type=float, metavar="E",
+               help="how many epochs of the data set --deadline covers."),
+    )
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:

@@ -35,7 +35,6 @@ Batch tuning for heterogeneous workers (``--r2sp-tuning``):
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from typing import Dict, Optional, Tuple
@@ -45,7 +44,7 @@ import numpy as np
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
 
-from ._api import CoordinatorPolicy, SyncMode, register
+from ._api import CoordinatorPolicy, Option, SyncMode, register
 
 TUNINGS = ("paper", "balancer", "none")
 log = logging.getLogger(__name__)
@@ -79,10 +78,7 @@ class R2SPPolicy(CoordinatorPolicy):
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
-        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
-        problem = R2SP.check_options(opts)
-        if problem:
-            raise ValueError(problem)
+        opts = self.resolved(DEFAULTS, R2SP.check_options)
         self.gap_ratio = float(opts["gap_ratio"])
         self.tuning = opts["tuning"]
         n = self.num_workers
@@ -99,7 +95,6 @@ class R2SPPolicy(CoordinatorPolicy):
         self._speed = np.full(n, np.nan)
         self.iteration_time: Optional[float] = None   # T, EMA of unblocked iteration time
         #: the latest grants: (monotonic time, rank, iteration, gap in force) (tests, debug)
-        self.log: collections.deque = collections.deque(maxlen=4096)
 
     @property
     def gap(self) -> float:
@@ -199,12 +194,12 @@ class R2SPPolicy(CoordinatorPolicy):
             self._splits[t + 1] = split
             for old in [k for k in self._splits if k < t]:
                 del self._splits[old]
-        self.log.append((now, rank, t, self.gap))
         if split is not None and next_B is not None and int(split.sum()) != next_B:
             split = _split.rescale(split, next_B)     # a worker that counts batches differently
         piece = None if split is None or next_B is None else _split.slice_of(split, rank)
         log.debug("r2sp: grant rank %d iteration %d (blocked %.4f s, gap %.4f s), next slice %s",
-                  rank, t, now - asked, self.gap, piece)
+                  rank, t, now - asked, self.gap, piece,
+                  extra={"grant": (now, rank, t, self.gap)})   # (when, rank, iteration, gap)
         self.coordinator.send(rank, P.grant(t, piece))
 
     def _decide(self, t: int, next_B: int) -> np.ndarray:
@@ -234,8 +229,16 @@ class R2SP(SyncMode):
     help = ("round-robin push slots spaced r*T/n on dist_async servers; batch sizes tuned "
             "(--r2sp-tuning)")
     kvstore = "dist_async"
+    barrier = False
     policy = R2SPPolicy
-    options = {"gap_ratio": "--r2sp-gap-ratio", "tuning": "--r2sp-tuning"}
+    options = (
+        Option("gap_ratio", "--r2sp-gap-ratio", type=float, metavar="R",
+               help="push slots are spaced R x the iteration time / n, R in (0, 1] "
+                    "(default 0.8)."),
+        Option("tuning", "--r2sp-tuning", type=TUNINGS,
+               help="per-worker batch tuning: paper (b += blocked time x speed), balancer "
+                    "(LB-BSP's split), none (equal) (default paper)."),
+    )
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:
@@ -252,5 +255,35 @@ class R2SP(SyncMode):
         nominal = sess.global_batch_size / sess.num_workers
         return nominal, nominal
 
+    def attach(self, sess) -> "PushSlots":
+        return PushSlots(sess)
+
     def before_push(self, sess) -> None:
-        sess.wait_for_slot()
+        if sess.coordinated:
+            sess.mode_half.wait()
+
+
+class PushSlots:
+    """R2SP's worker half: ask the coordinator for a push slot, wait until it is granted.
+
+    The grant also brings this worker's slice of the next iteration."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.granted = -1            # the last iteration granted a push slot
+        sess.on(P.GRANT, self._on_grant)
+
+    def _on_grant(self, msg: dict) -> None:       # the session's receiving thread
+        t = int(msg["iteration"])
+        if msg.get("size") is not None:
+            self.sess.set_slice(t + 1, _split.Slice(int(msg["offset"]), int(msg["size"]),
+                                                    int(msg["total"])))
+
+        def grant():
+            self.granted = max(self.granted, t)
+        self.sess.update(grant)
+
+    def wait(self) -> None:
+        t = self.sess.iteration
+        self.sess.send(P.request(t, self.sess.next_global_batch()))
+        self.sess.wait_until(lambda: self.granted >= t)

@@ -102,7 +102,11 @@ ADAM = (0.9, 0.999, 1e-8)
 
 @register("narx-adam")
 class NARX(Predictor):
-    """Online NARX network per worker (see the module docstring for the model)."""
+    """Online NARX network per worker (see the module docstring for the model).
+
+    About 280 lines in one class: the first NARX, kept as it was measured (the network, its
+    Adam state and its replay window share per-worker arrays); the default is ``narx``.
+    """
 
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
                  hidden: int = HIDDEN, window: int = WINDOW, batch: int = BATCH,

@@ -53,7 +53,7 @@ class DataLoader:
         Replay, in a single process, the global batch sizes B(0), B(1), ... of a job whose
         coordinator chose them (``--sync courier``): each global batch is cut from the
         epoch's permutation right after the previous one, exactly as that job cut them.
-        ``mxlbbsp.courier.schedule_from_metrics(path)`` reads them from its metrics. Also
+        ``mxlbbsp.core.planner.schedule_from_metrics(path)`` reads them from its metrics. Also
         read from ``MXLBBSP_BATCH_SCHEDULE`` (a metrics file) when not given.
 
     Outside a job started by ``mxlbbsp launch``, every batch is the whole global batch.

@@ -11,7 +11,8 @@ Timeline of iteration t on a worker, and what is measured::
     |<- alloc wait ---->|<------- compute_s (stretched by the factor) ->|<-slot->|<- sync_s ->|
     wait_s = alloc wait + slot wait + sync_s          iteration_s = compute_s + wait_s
 
-(the slot wait, for a push slot granted by the coordinator, is r2sp's; 0 in other modes)
+(the slot wait is the mode's ``before_push``: r2sp waits there for the push slot the
+coordinator grants; it is 0 in the other modes)
 
 ``compute_s`` is everything the worker does on its own (it grows with its batch);
 ``wait_s`` is time spent waiting for the others. The report of t (batch, compute_s, host CPU and
@@ -104,7 +105,15 @@ def close_session() -> None:
 
 
 class Session:
-    """See the module docstring. Use :func:`open_session`, not the constructor."""
+    """See the module docstring. Use :func:`open_session`, not the constructor.
+
+    Longer than most classes here (about 330 lines), on purpose: it is the one timeline of a
+    worker's iteration (wait for the split, compute, the mode's wait, push/pull) that the
+    loader, the trainer and the mode's worker half each drive a part of, and its timings are
+    differences of clock readings taken in different methods under one lock. Its parts that
+    stand alone are elsewhere: the contention signals (core.signals), the slowdown schedule
+    (core.slowdown), a mode's own messages and waits (the mode's ``attach``).
+    """
 
     def __init__(self, global_batch_size: int, dataset_size: int, min_global_batch: int,
                  max_batch_size: Optional[int] = None, env=None):
@@ -140,8 +149,11 @@ class Session:
         self._t_end = None                # when the previous step ended
         self._t_ready = None              # when this iteration's gradients were ready
         self._alloc_wait = 0.0
-        self._slot_wait = 0.0             # r2sp: waiting for the push slot
-        self._granted = -1                # r2sp: the last iteration granted a push slot
+        self._push_wait = 0.0             # in the mode's before_push (r2sp: its push slot)
+        #: the mode's handlers of its own messages (SyncMode.attach registers them)
+        self._handlers: Dict[str, Callable[[dict], None]] = {}
+        #: what the mode's worker half keeps per session (SyncMode.attach's result)
+        self.mode_half = None
         self._untimed = 0.0               # seconds inside untimed() since the last step
         self._compute = 0.0
         self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
@@ -199,7 +211,7 @@ class Session:
         hello = P.hello(self.rank, token, os.getpid(), self.host, self.global_batch_size,
                         dataset_size, max_batch_size)
         hello["min_global_batch"] = int(min_global_batch)
-        self._send(hello)
+        self.send(hello)
         self._file = sock.makefile("rb")
         welcome = self._read()
         if welcome is None:
@@ -211,6 +223,7 @@ class Session:
         self.num_workers = int(welcome["num_workers"])
         self._initial = _split.slice_of(welcome["allocation"], self.rank)
         self.slowdown.start()          # a timed slowdown trace counts from the registration
+        self.mode_half = self.mode.attach(self)
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
 
     def _read(self) -> Optional[dict]:
@@ -224,38 +237,50 @@ class Session:
                 if msg is None:
                     break
                 if msg["type"] == P.ALLOC:
-                    piece = _split.Slice(int(msg["offset"]), int(msg["size"]), int(msg["total"]))
-                    t = int(msg["iteration"])
-                    with self._cond:
-                        self._alloc[t] = piece
-                        self._cond.notify_all()
-                    for fn in list(self._listeners):
-                        fn(t, piece)
-                elif msg["type"] == P.GRANT:
-                    t = int(msg["iteration"])
-                    piece = None
-                    if msg.get("size") is not None:
-                        piece = _split.Slice(int(msg["offset"]), int(msg["size"]),
-                                           int(msg["total"]))
-                    with self._cond:
-                        if piece is not None:
-                            self._alloc[t + 1] = piece
-                        self._granted = max(self._granted, t)
-                        self._cond.notify_all()
-                    if piece is not None:
-                        for fn in list(self._listeners):
-                            fn(t + 1, piece)
+                    self.set_slice(int(msg["iteration"]), _split.Slice(
+                        int(msg["offset"]), int(msg["size"]), int(msg["total"])))
                 elif msg["type"] == P.ERROR:
                     with self._cond:
                         self._failure = msg["message"]
                         self._cond.notify_all()
+                elif msg["type"] in self._handlers:
+                    self._handlers[msg["type"]](msg)
         except (OSError, P.ProtocolError, ValueError, KeyError, TypeError):
             pass
         with self._cond:
             self._lost = True
             self._cond.notify_all()
 
-    def _send(self, msg: dict) -> None:
+    # ---- the seam of a mode's worker half (mxlbbsp.modes.WorkerSession) -------------------
+
+    def on(self, kind: str, handler: Callable[[dict], None]) -> None:
+        """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
+        self._handlers[kind] = handler
+
+    def set_slice(self, iteration: int, piece: _split.Slice) -> None:
+        """This worker's slice of ``iteration``'s global batch has come: the loader may cut it."""
+        with self._cond:
+            self._alloc[iteration] = piece
+            self._cond.notify_all()
+        for fn in list(self._listeners):
+            fn(iteration, piece)
+
+    def update(self, change: Callable[[], None]) -> None:
+        """Run ``change()`` under the session's lock and wake whoever waits (wait_until)."""
+        with self._cond:
+            change()
+            self._cond.notify_all()
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until ``ready()`` (checked under the lock after each update); raises when
+        the job failed or the coordinator is gone."""
+        with self._cond:
+            while not ready():
+                self._check_going()
+                self._cond.wait(1.0)
+
+    def send(self, msg: dict) -> None:
+        """One protocol message to the coordinator (nothing outside a job)."""
         if self._sock is None:
             return
         data = P.encode(msg)
@@ -390,55 +415,43 @@ class Session:
             if self.grad_sqr is not None:
                 msg["grad_sqr"] = self.grad_sqr if math.isfinite(self.grad_sqr) else None
                 self.grad_sqr = None
-            self._send(msg)
+            self.send(msg)
         self.reported = self.iteration
 
     def send_scalars(self, iteration: int, values: Dict[str, float]) -> None:
         """The script's values of ``iteration`` (:func:`mxlbbsp.log`) to the coordinator."""
         if self.coordinated:
-            self._send(P.log(iteration, values))
+            self.send(P.log(iteration, values))
 
     def before_push(self) -> None:
-        """Call between :meth:`gradients_ready` and the push: whatever the mode waits for."""
-        self.mode.before_push(self)
-
-    def wait_for_slot(self) -> None:
-        """(r2sp) Ask the coordinator for a push slot for this iteration; block until granted.
-
-        The grant also brings this worker's slice of the next iteration."""
-        if not self.coordinated:
-            return
+        """Call between :meth:`gradients_ready` and the push: whatever the mode waits for
+        (r2sp: its push slot). The time it takes counts as waiting, not as push/pull."""
         start = time.perf_counter()
-        t = self.iteration
-        self._send(P.request(t, self.next_global_batch()))
-        with self._cond:
-            while self._granted < t:
-                self._check_going()
-                self._cond.wait(1.0)
-        self._slot_wait = time.perf_counter() - start
+        self.mode.before_push(self)
+        self._push_wait = time.perf_counter() - start
 
     def step_done(self) -> None:
         """Call once this iteration's push/pull has completed (engine synchronised)."""
         now = time.perf_counter()
-        sync = now - (self._t_ready if self._t_ready is not None else now) - self._slot_wait
+        sync = now - (self._t_ready if self._t_ready is not None else now) - self._push_wait
         iteration_s = now - self._t_end
         self._t_end = now
         if self.coordinated:
             self._signals.begin()       # the next compute phase starts now
-            msg = P.done(self.iteration, self._alloc_wait + self._slot_wait + sync, sync,
+            msg = P.done(self.iteration, self._alloc_wait + self._push_wait + sync, sync,
                          iteration_s)
             if self.global_grad_sqr is not None:
                 msg["global_grad_sqr"] = (self.global_grad_sqr
                                           if math.isfinite(self.global_grad_sqr) else None)
                 self.global_grad_sqr = None
-            self._send(msg)
-        self._slot_wait = 0.0
+            self.send(msg)
+        self._push_wait = 0.0
 
     def close(self) -> None:
         if self._sock is None:
             return
         try:
-            self._send(P.bye(self.reported))
+            self.send(P.bye(self.reported))
             self._sock.shutdown(socket.SHUT_WR)
         except (OSError, CoordinatorLost):
             pass

@@ -31,7 +31,7 @@ One model on every worker, and one process's. BatchNorm's running mean and varia
 parameter declared not differentiable) are updated by each worker from its own local batch.
 They are kept out of Gluon's initial broadcast (which would hand every worker one worker's
 already-updated statistics) and combined after every step into exactly the whole global
-batch's, variance included (:meth:`Trainer._combine_aux`; docs/ARCHITECTURE.md, Exactness).
+batch's, variance included (:mod:`mxlbbsp.worker.batchnorm`; docs/ARCHITECTURE.md, Exactness).
 
 ``step(n)``: inside a job ``step(len(data))`` and a constant ``step(global_batch_size)`` mean
 what they mean in one process; any other ``n`` stops the job with one line (:meth:`step`).
@@ -39,7 +39,7 @@ what they mean in one process; any other ``n`` stops the job with one line (:met
 
 Checkpoints: :meth:`Trainer.save_checkpoint`, and periodically when the launcher sets
 ``--checkpoint-every`` (rank 0 writes, after the step); a job started with ``--resume`` loads
-the parameters and the optimizer state when the trainer is built (:mod:`mxlbbsp.checkpoint`).
+the parameters and the optimizer state when the trainer is built (:mod:`mxlbbsp.worker.checkpoint`).
 
 ``step()`` is also where a worker's iteration is timed: it waits for MXNet's asynchronous
 engine to finish the gradients before it reads the clock (and reports to the coordinator),
@@ -48,12 +48,10 @@ and again after the push/pull.
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import sys
-from typing import List, NamedTuple, Optional
+from typing import Optional
 
-import numpy as np
 from mxnet import gluon, nd
 
 from mxlbbsp import modes as _modes
@@ -62,6 +60,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import store as _store
 from mxlbbsp.worker import checkpoint as _ckpt
 from mxlbbsp.worker import session as _session
+from mxlbbsp.worker.batchnorm import RunningStats
 
 log = logging.getLogger(__name__)
 #: momentum at or above this with --sync asp or r2sp gets a warning (metrics.MOMENTUM_WARN)
@@ -89,12 +88,9 @@ class Trainer(gluon.Trainer):
                          update_on_kvstore=update_on_kvstore)
         self._baked: Optional[float] = None   # the normaliser inside the servers' rescale_grad
         # the running statistics (BatchNorm's): not differentiable, not just frozen
-        self._aux = [p for p in self._params if not getattr(p, "_differentiable", True)]
-        self._aux_key = len(self._params)     # kvstore key of the combined statistics
-        self._aux_set = set(self._aux)
-        self._aux_keys = set()                # kvstore keys of the statistics, once initialised
-        self._stats_ref = None                # the statistics this trainer set last (float64)
-        self._layout = None                   # how the statistics combine (_stats_layout)
+        self._stats = RunningStats(
+            [p for p in self._params if not getattr(p, "_differentiable", True)],
+            key=len(self._params))
         self.sync_aux = True                  # combine BatchNorm statistics after each step
         self._reduced = False                 # allreduce_grads() done, update() to come
         self._noted = False                   # the step(len(data)) note was given
@@ -116,13 +112,13 @@ class Trainer(gluon.Trainer):
         if _env.role() != "worker" or _env.rank() != 0:
             return
         try:
-            mode = _modes.from_env().name
+            mode = _modes.from_env()
         except _env.EnvError:
             return
         m = self._momentum()
-        if mode in ("asp", "r2sp") and m is not None and m >= MOMENTUM_WARN:
+        if not mode.barrier and m is not None and m >= MOMENTUM_WARN:
             log.warning("mxlbbsp: warning: momentum %g with --sync %s: stale gradients with "
-                        "momentum often diverge; use momentum 0 or --sync lbbsp", m, mode)
+                        "momentum often diverge; use momentum 0 or --sync lbbsp", m, mode.name)
 
     def _final_checkpoint(self) -> None:
         """atexit, rank 0 with --checkpoint-dir: the job's last state, marked final, when the
@@ -244,7 +240,7 @@ class Trainer(gluon.Trainer):
         if sess is not None:
             nd.waitall()
             if not sess.model_info:
-                sess.model_info = {"batchnorm": bool(self._aux)}
+                sess.model_info = {"batchnorm": bool(self._stats.params)}
                 if self._momentum() is not None:
                     sess.model_info["momentum"] = self._momentum()
             if sess.coordinated and sess.mode.grad_norms:
@@ -267,7 +263,8 @@ class Trainer(gluon.Trainer):
             # Not the running statistics: Gluon would broadcast one worker's, which its first
             # forward pass has already updated from its own batch, over everybody's. They
             # start equal on every worker (initialiser or checkpoint) and are combined below.
-            self._params_to_init = [p for p in self._params_to_init if p not in self._aux_set]
+            self._params_to_init = [p for p in self._params_to_init
+                                    if p not in self._stats.members]
             self._init_params()
             if self._distributed and not self._update_on_kvstore:
                 # The initial pull of the parameters must be done before this worker pushes
@@ -286,8 +283,9 @@ class Trainer(gluon.Trainer):
                 and not self._update_on_kvstore and sess.mode.grad_norms:
             sess.global_grad_sqr = self.grad_sqr()     # the pulled sum of every worker's
         self._update(ignore_stale_grad)
-        if sess is not None and self._distributed and not self._update_on_kvstore:
-            self._combine_aux(sess.batch_local, sess.batch_global)
+        if sess is not None and self._distributed and not self._update_on_kvstore \
+                and self.sync_aux:
+            self._stats.combine(self._kvstore, sess.batch_local, sess.batch_global)
         if sess is not None:
             nd.waitall()
             sess.step_done()
@@ -330,107 +328,13 @@ class Trainer(gluon.Trainer):
                 self._kvstore.push(i, grads, priority=-i)
                 self._kvstore.pull(i, grads, priority=-i)
 
-    # ---- one model on every worker ------------------------------------------------------
-
-    def _combine_aux(self, local: int, total: int) -> None:
-        """Running statistics := those of one process on the whole global batch.
-
-        Every worker starts the step with the same statistics and updates them from its own
-        b_i samples: mean_i = m * mean0 + (1 - m) * mu_i, and var_i likewise with its local
-        batch variance (MXNet keeps the biased one, divided by the batch). With a reference
-        r the same on every worker (the statistics this trainer set last), each worker pushes
-        b_i * (mean_i - r), b_i * (var_i - r_var) and b_i * (mean_i - r)^2; from the sums S1,
-        S2, S3 over the workers::
-
-            mean = r + S1 / B                                     (linear in the batch mean)
-            var  = r_var + S2 / B + (S3 / B - (S1 / B)^2) / (1 - m)
-
-        since mean_i - mean = (1 - m)(mu_i - mu), and the global batch's variance is the
-        b_i-weighted mean of the local variances plus that of (mu_i - mu)^2, the spread of the
-        local means. Centred on r the pushed values are small, so float32 (the servers sum
-        in float32 whatever the dtype) loses nothing that matters. Statistics of a layer
-        whose momentum is unknown (not a Gluon BatchNorm) get the linear rule alone.
-        """
-        if not self.sync_aux or not self._aux or self._aux[0]._data is None:
-            return
-        layout = self._stats_layout()
-        values = [p.data().asnumpy().astype(np.float64).ravel() for p in self._aux]
-        if self._stats_ref is None:
-            # the first step of this process: a reference the workers share, by one more
-            # round trip (any common value is exact; a close one keeps the precision)
-            self._stats_ref = [v / total for v in self._allreduce_aux(
-                [v * local for v in values], key_offset=1)]
-        ref = self._stats_ref
-        centred = [v - r for v, r in zip(values, ref)]
-        squares = [centred[pair.mean] ** 2 for pair in layout]
-        sums = [s / total for s in self._allreduce_aux([c * local for c in centred + squares])]
-        combined = [r + s for r, s in zip(ref, sums[:len(values)])]
-        for pair, square in zip(layout, sums[len(values):]):
-            if pair.momentum < 1.0:
-                shift = sums[pair.mean]
-                spread = np.maximum(square - shift ** 2, 0.0)
-                combined[pair.var] = combined[pair.var] + spread / (1.0 - pair.momentum)
-        self._stats_ref = []
-        for p, value in zip(self._aux, combined):
-            data = nd.array(value.reshape(p.shape), dtype=p.dtype)
-            p.set_data(data)
-            self._stats_ref.append(data.asnumpy().astype(np.float64).ravel())
-
-    def _allreduce_aux(self, parts: List[np.ndarray], key_offset: int = 0) -> List[np.ndarray]:
-        """The sums over the workers of ``parts`` (float64 here, float32 on the wire)."""
-        flat = nd.array(np.concatenate(parts), dtype="float32")
-        key = self._aux_key + key_offset
-        if key not in self._aux_keys:
-            self._kvstore.init(key, nd.zeros(flat.shape, dtype="float32"))
-            self._aux_keys.add(key)
-        self._kvstore.push(key, flat)
-        self._kvstore.pull(key, out=flat)
-        sums = flat.asnumpy().astype(np.float64)
-        return np.split(sums, np.cumsum([len(part) for part in parts])[:-1])
-
-    def _stats_layout(self) -> List["_StatsPair"]:
-        """The (running mean, running variance, momentum) of each BatchNorm layer of ours.
-
-        The momentum lives on the layer, not on its parameters, and the trainer is given
-        parameters only: the layers are found once among the live Gluon blocks.
-        """
-        if self._layout is not None:
-            return self._layout
-        from mxnet.gluon import Block
-        index = {id(p): i for i, p in enumerate(self._aux)}
-        layout = []
-        for obj in gc.get_objects():
-            if not isinstance(obj, Block):
-                continue
-            mean, var = getattr(obj, "running_mean", None), getattr(obj, "running_var", None)
-            momentum = getattr(obj, "_kwargs", {}).get("momentum")
-            if id(mean) in index and id(var) in index and momentum is not None:
-                layout.append(_StatsPair(index[id(mean)], index[id(var)], float(momentum)))
-        found = {pair.var for pair in layout}
-        unknown = [p.name for i, p in enumerate(self._aux)
-                   if i not in found and p.name.endswith("running_var")]
-        if unknown:
-            log.warning("mxlbbsp: warning: %s combined without the spread of the workers' "
-                        "batch means (the layer's momentum is unknown: not a Gluon BatchNorm)",
-                        ", ".join(unknown))
-        self._layout = layout
-        return layout
-
     # ---- checkpoints --------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str) -> str:
         """Write a complete checkpoint of this job after the last step into ``directory``.
 
         Call it on rank 0 (every worker holds the same model and optimizer state); returns
-        the checkpoint's folder. See :mod:`mxlbbsp.checkpoint` for what it holds.
+        the checkpoint's folder. See :mod:`mxlbbsp.core.store` for what it holds.
         """
 
         return _ckpt.save_trainer(self, directory)
-
-
-class _StatsPair(NamedTuple):
-    """One BatchNorm layer: indices of its running mean and variance in ``Trainer._aux``."""
-    mean: int
-    var: int
-    momentum: float
-

@@ -1,14 +1,16 @@
 """A worker that fails in a chosen way, for tests/test_failures.py.
 
     misbehave.py [--plain] [--iterations N] [--rank R] [--at T] [--fail MODE] [--sleep S]
-                 [--own-excepthook]
+                 [--own-excepthook] [--linger S] [--busy]
 
 --plain: a plain MXNet kvstore script (dist_sync push/pull, no mxlbbsp import); otherwise a
 tiny Gluon model on mxlbbsp.DataLoader + mxlbbsp.Trainer. Worker R (the launcher's rank) does
 MODE at iteration T: raise (RuntimeError), exit3 (sys.exit(3)), systemexit3 (raise
 SystemExit(3)), stop (ends its loop there: fewer iterations than the others). Each iteration
 sleeps S seconds first (a slower step, so that a SIGSTOP lands in it). --own-excepthook: the
-script replaces sys.excepthook with its own (as some logging set-ups do).
+script replaces sys.excepthook with its own (as some logging set-ups do). --linger S: worker R
+spends S seconds after its loop before it ends (the others end first): asleep, or computing
+with --busy.
 """
 import argparse
 import os
@@ -26,6 +28,8 @@ p.add_argument("--at", type=int, default=5)
 p.add_argument("--fail", default="raise", choices=["raise", "exit3", "systemexit3", "stop", "none"])
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--own-excepthook", action="store_true")
+p.add_argument("--linger", type=float, default=0.0)
+p.add_argument("--busy", action="store_true")
 args = p.parse_args()
 if args.own_excepthook:
     def _log_and_die(exc_type, exc, tb):
@@ -85,3 +89,9 @@ else:
                 done = True
                 break
 print(f"rank {rank} finished after {t} iterations", flush=True)
+if rank == args.rank and args.linger:
+    until = time.monotonic() + args.linger
+    while time.monotonic() < until:
+        if not args.busy:
+            time.sleep(max(0.0, until - time.monotonic()))
+    print(f"rank {rank} lingered {args.linger:g} s", flush=True)

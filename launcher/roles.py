@@ -1,0 +1,129 @@
+"""The roles of a job and their environments: the scheduler (always on this machine), the
+servers and the workers, each a :class:`~.procs.RoleProcess` built, not started.
+
+What each role gets: ``PYTHONUNBUFFERED``; what the transport forwards from this process
+(over SSH: ``PATH``, ``MXNET_*``, ...); ps-lite's ``DMLC_*`` variables (``_env.ps_env``); the
+scheduler and the servers one OpenMP thread, the workers a share of their host's cores (the
+guard divides them: ``MXLBBSP_SHARE_CORES``); the workers their rank, the coordinator's
+address and token, their slowdown, the sync mode's variables and the checkpoint settings
+(``_env.worker_env``, ``_env.checkpoint_env``); and ``--env`` last, with the last word.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Dict, List, Optional
+
+from mxlbbsp import modes
+from mxlbbsp.core import env as _env
+
+from . import transport as _transport
+from .config import LaunchConfig
+from .guard import SHARE_CORES
+from .hostfile import Host, Placement, local_ranks
+from .procs import Output, RoleProcess, local_transport
+
+#: a remote worker's guard reports its CPU seconds this often (see guard.CPU), and whether
+#: its command is stopped (see guard.STOPPED) within this
+CPU_EVERY = 1.0
+
+
+@dataclasses.dataclass
+class Roles:
+    scheduler: RoleProcess
+    servers: List[RoleProcess]
+    workers: List[RoleProcess]
+
+    @property
+    def all(self) -> List[RoleProcess]:
+        """Every role, in the order they start: the scheduler, the servers, the workers."""
+        return [self.scheduler] + self.servers + self.workers
+
+
+class RoleBuilder:
+    """Builds the roles of one job attempt (again for each scheduler port tried)."""
+
+    def __init__(self, config: LaunchConfig, transport: _transport.Transport,
+                 placement: Placement, token: str, resume_from: Optional[str],
+                 output: Output):
+        self.config = config
+        self.transport = transport
+        self.placement = placement
+        self.token = token
+        self.resume_from = resume_from
+        self.output = output
+        self._local = _transport.Transport(config)     # the scheduler's: this machine
+
+    def build(self, bind: str, scheduler_port: int, coordinator_addr) -> Roles:
+        cfg = self.config
+        per_host: Dict[str, int] = {}
+        for h in self.placement.workers:
+            per_host[h.name] = per_host.get(h.name, 0) + 1
+        here = Host(bind)
+        env = self._ps_env("scheduler", here, bind, scheduler_port, None)
+        scheduler = self._role("scheduler", None, here,
+                               [sys.executable, "-m", "mxlbbsp.server"], env,
+                               transport=local_transport())
+        servers = []
+        for r, host in enumerate(self.placement.servers):
+            env = self._ps_env("server", host, bind, scheduler_port, None)
+            argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
+            servers.append(self._role("server", r, host, argv, env))
+        workers = []
+        local = local_ranks(self.placement.workers)
+        for r, host in enumerate(self.placement.workers):
+            env = self._ps_env("worker", host, bind, scheduler_port, per_host[host.name])
+            env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
+                                       cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
+                                       (cfg.emulate_compute or 0.0) / 1000.0,
+                                       cfg.signal_columns, local[r]))
+            env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
+            env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
+                                           self.resume_from))
+            workers.append(self._role("worker", r, host, list(cfg.command), env,
+                                      boot=True, watched=True))
+        return Roles(scheduler, servers, workers)
+
+    def _base_env(self, procs_on_host: Optional[int]) -> Dict[str, str]:
+        """``procs_on_host``: the job's workers on the host; None for the scheduler and the
+        servers, which run on one thread."""
+        env: Dict[str, str] = {"PYTHONUNBUFFERED": "1"}
+        env.update(self.transport.forwarded())
+        if procs_on_host is None:
+            env["OMP_NUM_THREADS"] = "1"
+        elif "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.config.env:
+            # like torchrun: don't let n processes each take every core. The guard divides
+            # the cores of the host it runs on (a remote host's, not this one's).
+            env[SHARE_CORES] = str(max(procs_on_host, 1))
+        return env
+
+    def _ps_env(self, role: str, host: Host, bind: str, port: int,
+                per_host: Optional[int]) -> Dict[str, str]:
+        env = self._base_env(per_host)
+        node_host = self.transport.node_host(Host(bind) if role == "scheduler" else host, bind)
+        env.update(_env.ps_env(role, bind, port, self.config.num_servers,
+                               self.config.num_workers, node_host, self.config.ps_interface))
+        return env
+
+    def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
+              env: Dict[str, str], transport: Optional[List[str]] = None,
+              boot: bool = False, watched: bool = False) -> RoleProcess:
+        """``transport``: the scheduler's (this machine); None: the job's. ``watched``: a
+        remote guard reports the command's CPU use and its stopped state."""
+        env = dict(env)
+        env.update(self.config.env)       # --env has the last word
+        keepalive = self.transport.keepalive
+        silence = None
+        if transport is None and keepalive:     # e.g. over SSH: see ssh.keepalive
+            silence = keepalive[1]
+        label = role if rank is None else f"{role}-{rank}"
+        local = transport is not None
+        proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
+                           transport or self.transport.guard_argv(host, label), self.output,
+                           show_host=self.transport.remote, silence=silence, boot=boot,
+                           cpu_every=CPU_EVERY if watched and self.transport.reports_cpu
+                           else None)
+        proc.via = self._local if local else self.transport
+        proc.hide = proc.via.hide
+        return proc

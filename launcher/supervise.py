@@ -1,0 +1,143 @@
+"""Supervision of a running job: every 0.1 s, end it on the first of
+
+* a configuration problem found by the coordinator (e.g. global batch < workers): exit 2;
+* a process exiting non-zero (or its transport failing: an SSH connection lost, a SLURM node
+  that failed): that exit code, naming the role, rank and host (:mod:`.diagnosis`);
+* SIGINT / SIGTERM: 130 / 143;
+* the coordinator failing the job for every worker (e.g. workers that run different numbers
+  of iterations): 1, with its one line;
+* a script without mxlbbsp.DataLoader whose workers run different numbers of iterations:
+  one ended normally, the others sit idle for a while after it (:mod:`.watch`): 1;
+* no progress for the stall limit (:mod:`.watch`): 124;
+* every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
+
+Progress lines every ``--progress`` s (:mod:`.progress`). The job (:class:`~.job.Job`) tears
+everything down once :func:`Supervisor.run` returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+from . import diagnosis
+from .progress import progress_line, summary_lines
+from .watch import EXIT_STALL, Watch
+
+EXIT_CONFIG = 2
+
+
+class Supervisor:
+    """Watches one started job (``job``: its :class:`~.job.Job`) until it ends."""
+
+    def __init__(self, job):
+        self.job = job
+        self.config = job.config
+        self.coordinator = job.coordinator
+        self.roles = job.roles
+        self.output = job.output
+        self.started = time.monotonic()
+        self.watch = Watch(job.config.stall_timeout, job.floors, self.started)
+
+    def run(self) -> int:
+        cfg, coord, roles = self.config, self.coordinator, self.roles
+        started = self.started
+        next_progress = started + cfg.progress if cfg.progress else float("inf")
+        next_cpu = started + 1.0
+        while True:
+            if self.job.signal is not None:
+                return self.job.interrupted()
+            if coord.failure is not None and coord.failure_kind == "config":
+                self.output.say(f"error: {coord.failure}")
+                return EXIT_CONFIG
+            if coord.failure is not None and coord.failure_fatal:
+                # told to every worker, which now exit (2) quietly: the cause is this line
+                self.output.say(f"error: {coord.failure}")
+                return 1
+            failed = self.first_failure()
+            if failed is not None:
+                return failed
+            if all(w.poll() == 0 for w in roles.workers):
+                return self.finish()
+            if coord.failure is not None and time.monotonic() > coord.failed_at + 2.0:
+                # e.g. a worker's connection dropped but its process (ssh) has not ended yet
+                self.output.say(f"error: {coord.failure}")
+                return 1
+            now = time.monotonic()
+            if now >= next_cpu:
+                if coord.registered == 0:
+                    # only useful while no iteration can be seen
+                    self.watch.sample_cpu(roles.workers, now)
+                self.watch.note_stopped(roles.workers, now)
+                next_cpu = now + 1.0
+            if coord.registered == 0:
+                uneven = self.watch.uneven(now, roles.workers)
+                if uneven is not None:
+                    self.output.say(f"error: {uneven}")
+                    self.job.reason = "workers ran different numbers of iterations"
+                    return 1
+            stall = self.watch.stalled(now, coord, roles.workers)
+            if stall is not None:
+                self.output.say(f"error: {stall}")
+                return EXIT_STALL
+            if now >= next_progress:
+                self.print_progress(now - started)
+                next_progress = now + cfg.progress
+            time.sleep(0.1)
+
+    def first_failure(self) -> Optional[int]:
+        """The exit code of the first role found ended non-zero (after saying why), None
+        while there is none."""
+        roles = self.roles
+        for p in roles.workers + roles.servers + [roles.scheduler]:
+            rc = p.poll()
+            if rc == 0:
+                p.release_error()
+            if rc is None or rc == 0:
+                continue
+            rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
+            if p.via.settle(p, rc):
+                continue                          # its transport is being started again
+            last_early = p.flush_early()
+            p.drain_output(1.0)     # its exit hook's last line, if it wrote one
+            name = p.role if p.rank is None else f"{p.role} {p.rank}"
+            guard_rc = p.proc.returncode if p.proc is not None else None
+            ended = diagnosis.Ended(
+                name=name, host=p.host, remote=p.via.remote, transport=p.via.name, rc=rc,
+                connected=p.connected.is_set(), attempts=p.attempts,
+                reported_exit=p.said.reported_exit, signalled=p.said.signalled,
+                guard_signal=-guard_rc if guard_rc is not None and guard_rc < 0 else None,
+                error_line=p.said.error_line, exit_reason=p.said.exit_reason,
+                last_early=last_early, last_stderr=p.said.last_stderr)
+            if diagnosis.needs_probe(ended):
+                ended = dataclasses.replace(ended, host_answers=self.job.host_answers(p.host))
+            what = diagnosis.say(ended)
+            self.job.reason = f"{name} {what}"
+            others = len([q for q in roles.all if q is not p and q.poll() is None])
+            log_dir = self.config.log_dir
+            self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
+                            f"(its output is above{', and in ' + log_dir if log_dir else ''})")
+            return rc
+        return None
+
+    def finish(self) -> int:
+        """Every worker exited 0: the servers and the scheduler end once the workers have
+        finalised (10 s in all); the summary; 0."""
+        deadline = time.monotonic() + 10.0
+        for p in self.roles.servers + [self.roles.scheduler]:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        job = self.job
+        elapsed = time.monotonic() - (job.since if job.since is not None else self.started)
+        for line in summary_lines(elapsed, job.attempt, self.coordinator.summary(),
+                                  self.config.metrics, self.config.tensorboard):
+            self.output.say(line)
+        return 0
+
+    def print_progress(self, elapsed: float) -> None:
+        workers = [w for w in self.roles.workers if w.poll() is None]
+        use = self.watch.cpu_use
+        self.output.say(progress_line(
+            elapsed, self.coordinator.progress(), self.coordinator.registered,
+            self.config.num_workers, len(workers), [use.get(w.rank) for w in workers],
+            sorted(self.watch.stopped_since), time.monotonic(),
+            ended=[w.rank for w in workers if w.said.ended_at is not None]))

@@ -1,0 +1,101 @@
+"""Registration: the checks of the workers' hellos before the first iteration, and of
+their iteration counts at the end.
+
+Once every worker has said hello, the job's configuration as the workers declared it (global
+batch, data set, per-worker caps) must agree with itself and with the command line; the
+first problem found fails the job with one line that says what to change. The per-worker
+batch caps found here are handed to the balancer.
+
+No framework import.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+#: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
+#: given: their statistics come from each worker's own batch, and batch norm degrades quickly
+#: below about 8 samples per device (Wu & He, "Group Normalization", 2018, fig. 1); at most a
+#: half of the equal share B / (2 n), so that a slow worker can still be given less
+BATCHNORM_MIN_BATCH = 8
+
+
+def auto_min_batch(global_batch: int, num_workers: int, batchnorm: bool) -> int:
+    """The default --min-batch-size: 1 without BatchNorm, else BATCHNORM_MIN_BATCH capped at
+    half the equal share."""
+    if not batchnorm:
+        return 1
+    return max(1, min(BATCHNORM_MIN_BATCH, global_batch // (2 * num_workers)))
+
+
+def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[str]:
+    """The first problem with the job's configuration as the workers declared it
+    (``hellos`` in rank order), or None; sets ``balancer.max_batch`` from the caps."""
+    n = config.num_workers
+    for field, what in (("global_batch_size", "global batch size"),
+                        ("dataset_size", "data set size")):
+        values = {h[field] for h in hellos}
+        if len(values) > 1:
+            detail = ", ".join(f"rank {r}: {h[field]}" for r, h in enumerate(hellos))
+            return f"the workers disagree on the {what} ({detail}); every worker must " \
+                   "build the same mxlbbsp.DataLoader"
+    B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
+    saved = config.resume_manifest
+    if saved is not None and (saved["global_batch_size"] != B
+                              or saved.get("dataset_size") not in (None, N)):
+        return (f"the checkpoint (iteration {saved['iteration']}) was written with a global "
+                f"batch size of {saved['global_batch_size']} on {saved.get('dataset_size')} "
+                f"samples, this job has {B} on {N}; resume with the same data and batch "
+                "size, or start without --resume")
+    if B < n:
+        return (f"global batch size {B} is smaller than the number of workers ({n}): every "
+                f"worker needs at least one sample per iteration; use a global batch size "
+                f">= {n} or fewer workers (-n)")
+    if N < B:
+        return (f"the data set has {N} samples, fewer than one global batch ({B}); use a "
+                "smaller global batch size")
+    short = hellos[0].get("min_global_batch") or B
+    if short < n:
+        return (f"the last global batch of each epoch has {short} samples, fewer than the "
+                f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
+                "the global batch size")
+    low = config.min_batch
+    smallest = getattr(policy, "lo", None)        # courier: --batch-range's minimum
+    if low is not None and isinstance(smallest, int) and low * n > smallest:
+        return (f"--min-batch-size {low} is more than --batch-range's minimum {smallest} / "
+                f"{n} workers ({smallest // n} each): every worker must be able to get it; "
+                f"use at most {smallest // n}, or raise the --batch-range minimum")
+    if low is not None and low * n > B:
+        return (f"--min-batch-size {low} is more than the global batch size {B} / {n} "
+                f"workers ({B // n} each): every worker must be able to get it; use at most "
+                f"{B // n}, or fewer workers")
+    caps = [h.get("max_batch_size") for h in hellos]
+    if config.max_batch is not None:
+        caps = [config.max_batch if c is None else min(c, config.max_batch) for c in caps]
+    if all(c is not None for c in caps):
+        balancer.max_batch = np.array(caps, dtype=np.int64)
+        if sum(caps) < B:
+            return (f"the workers' maximum batch sizes ({', '.join(map(str, caps))}) add up "
+                    f"to less than the global batch size {B}; raise --max-batch-size or "
+                    "use more workers")
+    elif any(c is not None for c in caps):
+        balancer.max_batch = np.array([B if c is None else c for c in caps], dtype=np.int64)
+    return None
+
+
+def uneven_end(bye_at: Dict[int, int], last_report: Dict[int, int]) -> Optional[str]:
+    """The problem when a worker ended (``bye_at``: rank -> its last iteration) while another
+    went on to a later iteration (``last_report``: rank -> its latest report's): in
+    synchronous training the others would wait for it forever. None when there is none."""
+    low_rank = min(bye_at, key=lambda r: (bye_at[r], r))
+    low = bye_at[low_rank]
+    ahead = {r: t for r, t in last_report.items() if t > low}
+    if not ahead:
+        return None
+    high_rank = max(ahead, key=lambda r: (ahead[r], -r))
+    what = "no iteration" if low < 0 else f"iteration {low}"
+    return (f"worker {low_rank} ended after {what} while worker {high_rank} went on to "
+            f"iteration {ahead[high_rank]}: every worker must run the same number of "
+            "iterations; use the DataLoader's epochs (the same on every worker), not a "
+            "wall clock or a per-worker iteration count")
