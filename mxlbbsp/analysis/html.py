@@ -157,8 +157,12 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
         "plan": "Courier: the global batch B(t) the coordinator chose (top), its prediction "
                 "of when the remaining work ends at that batch, against the deadline "
                 "(middle), and the learning-rate factor that followed B(t) (bottom).",
+        "goodput": "Goodput: the global batch B(t) the coordinator chose (top), the gradient "
+                   "noise scale it measured from the workers' local gradient norms (middle), "
+                   "and the statistical efficiency at B(t) with the learning-rate factor "
+                   "(bottom).",
     }
-    for kind in ("plan", "batch", "time", "speed"):
+    for kind in ("goodput", "plan", "batch", "time", "speed"):
         if kind in images:
             src = html.escape(images[kind])
             out.append(f'<figure><img src="{src}" alt="{kind} plot of {html.escape(run.label)}">'

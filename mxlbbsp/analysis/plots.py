@@ -90,6 +90,61 @@ def plot_batch(run: Run, path: str) -> str:
         return _save(fig, path)
 
 
+def _has_goodput(run: Run) -> bool:
+    """A run whose coordinator chose the global batch by goodput (``--sync goodput``)."""
+    return any(r.get("goodput_model") is not None for r in run.records)
+
+
+def plot_goodput(run: Run, path: str) -> str:
+    """Goodput: the global batch B(t) it chose, the gradient noise scale it measured, and
+    the statistical efficiency and learning-rate factor at B(t)."""
+    matplotlib, _, _ = _mpl()
+    first = {}
+    for r in run.records:
+        first.setdefault(int(r["iteration"]), r)
+    its = np.array(sorted(first))
+    rec = [first[t] for t in its]
+    B = np.array([_float(r.get("global_batch")) for r in rec])
+    phi = np.array([_float(r.get("noise_scale")) for r in rec])
+    eff = np.array([_float(r.get("efficiency")) for r in rec])
+    lr = np.array([_float(r.get("lr_factor", 1.0)) for r in rec])
+    lo_hi = next((r.get("batch_range") for r in rec if r.get("batch_range")), None)
+    kind = next((r.get("goodput_model") for r in rec if r.get("goodput_model")), "hetero")
+    with matplotlib.rc_context(_STYLE):
+        fig = _figure(11, 7.2)
+        ax, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 2.2, 1.2])
+        ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
+        if lo_hi:
+            for y in lo_hi:
+                ax.axhline(y, color="#999999", lw=0.8, ls=":")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("global batch (samples)")
+        ax.set_title(f"Global batch chosen for the most goodput ({kind} throughput model)",
+                     loc="left")
+        ok = np.isfinite(phi)
+        ax2.plot(its[ok], phi[ok], lw=1.6, color="#9467bd",
+                 label="noise scale tr(\u03a3)/|G|\u00b2 (samples)")
+        ax2.plot(its, B, lw=1.0, color="#1f77b4", ls="--", label="B(t)")
+        ax2.set_ylim(bottom=0)
+        ax2.set_ylabel("samples")
+        ax2.set_title("Gradient noise scale measured from the workers' local gradients",
+                      loc="left")
+        ax2.legend(loc="best", fontsize=8)
+        ok = np.isfinite(eff)
+        ax3.plot(its[ok], eff[ok], drawstyle="steps-mid", lw=1.4, color="#d62728",
+                 label="statistical efficiency at B(t)")
+        ax3.plot(its, lr, drawstyle="steps-mid", lw=1.4, color="#2ca02c",
+                 label="lr factor (--lr-scaling)")
+        ax3.set_ylim(bottom=0)
+        ax3.legend(loc="best", fontsize=8)
+        ax3.set_title("Efficiency (phi + B0) / (phi + B) and the learning-rate factor",
+                      loc="left", fontsize=9.5)
+        ax3.set_xlabel(_xlabel(run))
+        _int_xaxis(ax3)
+        fig.suptitle(_title_of(run))
+        return _save(fig, path)
+
+
 def _has_plan(run: Run) -> bool:
     """A run whose coordinator chose the global batch B(t) (a mode that ``sets_batch``)."""
     mode = _mode(run.sync)

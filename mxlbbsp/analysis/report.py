@@ -101,10 +101,10 @@ def _write(runs: Sequence[Run], out_dir: str) -> str:
         used.add(prefix)
         imgs = {}
         plots = [("batch", plot_batch), ("time", plot_time), ("speed", plot_speed)]
-        if _has_plan(run):
-            plots.insert(0, ("plan", plot_plan))
-        if _has_goodput(run):
+        if _has_goodput(run):             # B(t) by goodput: its own plot, no deadline
             plots.insert(0, ("goodput", plot_goodput))
+        elif _has_plan(run):
+            plots.insert(0, ("plan", plot_plan))
         for kind, plot in plots:
             name = f"{prefix}-{kind}.png"
             plot(run, os.path.join(out_dir, name))

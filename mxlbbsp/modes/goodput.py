@@ -45,7 +45,7 @@ from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 from mxlbbsp.core import timemodel as _tm
 
-from ._api import SyncMode, register
+from ._api import Option, SyncMode, register
 from .lbbsp import LBBSPPolicy
 
 log = logging.getLogger(__name__)
@@ -132,10 +132,7 @@ class GoodputPolicy(LBBSPPolicy):
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
-        opts = dict(DEFAULTS, **{k: v for k, v in self.options.items() if v is not None})
-        problem = Goodput.check_options(opts)
-        if problem:
-            raise ValueError(problem)
+        opts = self.resolved(DEFAULTS, Goodput.check_options)
         self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
         self.kind = opts["goodput_model"]
         self.every = int(opts["every"])
@@ -284,8 +281,17 @@ class Goodput(SyncMode):
     #: the workers report the squared norms of their gradient sums (mxlbbsp.trainer)
     grad_norms = True
     policy = GoodputPolicy
-    options = {"batch_range": "--batch-range", "lr_scaling": "--lr-scaling",
-               "goodput_model": "--goodput-model"}
+    options = (
+        Option("batch_range", "--batch-range", metavar="MIN:MAX",
+               help="the global batch sizes to choose from (default 64:1024)."),
+        Option("lr_scaling", "--lr-scaling", type=tuple(_lr.LR_SCALING),
+               help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
+                    "global_batch_size): linear, sqrt (goodput's default), none."),
+        Option("goodput_model", "--goodput-model", type=GOODPUT_MODELS,
+               help="the throughput model B is chosen with: hetero (default, the LB-BSP "
+                    "makespan of the workers' time models) or homo (an equal split, as a "
+                    "model of equal workers sees it)."),
+    )
 
     @staticmethod
     def check_options(options: dict) -> Optional[str]:

@@ -307,7 +307,7 @@ class Trainer(gluon.Trainer):
             return 0.0
         # one operator for every array (MXNet's LARS/LAMB kernel), summed in float64 here
         sums = nd.multi_sum_sq(*grads, num_arrays=len(grads))
-        return float(np.sum(sums.asnumpy(), dtype=np.float64))
+        return float(sums.asnumpy().sum(dtype="float64"))
 
     def _allreduce_grads(self):
         """Gradient sums from the servers: ``push`` then ``pull``, never ``pushpull``.
