@@ -95,15 +95,20 @@ def _has_goodput(run: Run) -> bool:
     return any(r.get("goodput_model") is not None for r in run.records)
 
 
+def _batch_panel(ax, its, B, lo_hi) -> None:
+    """The global batch B(t) a mode chose, with its --batch-range dotted."""
+    ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
+    for y in lo_hi or ():
+        ax.axhline(y, color="#999999", lw=0.8, ls=":")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("global batch (samples)")
+
+
 def plot_goodput(run: Run, path: str) -> str:
     """Goodput: the global batch B(t) it chose, the gradient noise scale it measured, and
     the statistical efficiency and learning-rate factor at B(t)."""
     matplotlib, _, _ = _mpl()
-    first = {}
-    for r in run.records:
-        first.setdefault(int(r["iteration"]), r)
-    its = np.array(sorted(first))
-    rec = [first[t] for t in its]
+    its, rec = run.first_records()
     B = np.array([_float(r.get("global_batch")) for r in rec])
     phi = np.array([_float(r.get("noise_scale")) for r in rec])
     eff = np.array([_float(r.get("efficiency")) for r in rec])
@@ -113,12 +118,7 @@ def plot_goodput(run: Run, path: str) -> str:
     with matplotlib.rc_context(_STYLE):
         fig = _figure(11, 7.2)
         ax, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 2.2, 1.2])
-        ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
-        if lo_hi:
-            for y in lo_hi:
-                ax.axhline(y, color="#999999", lw=0.8, ls=":")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("global batch (samples)")
+        _batch_panel(ax, its, B, lo_hi)
         ax.set_title(f"Global batch chosen for the most goodput ({kind} throughput model)",
                      loc="left")
         ok = np.isfinite(phi)
@@ -155,11 +155,7 @@ def plot_plan(run: Run, path: str) -> str:
     """Courier: the global batch B(t) it chose, the predicted finish against the deadline,
     and the learning-rate factor that followed B(t)."""
     matplotlib, _, _ = _mpl()
-    first = {}
-    for r in run.records:
-        first.setdefault(int(r["iteration"]), r)
-    its = np.array(sorted(first))
-    rec = [first[t] for t in its]
+    its, rec = run.first_records()
     B = np.array([_float(r.get("global_batch")) for r in rec])
     finish = np.array([_float(r.get("predicted_finish_s")) for r in rec])
     elapsed = np.array([_float(r.get("elapsed_s")) for r in rec])
@@ -171,12 +167,7 @@ def plot_plan(run: Run, path: str) -> str:
     with matplotlib.rc_context(_STYLE):
         fig = _figure(11, 7.2)
         ax, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[2.2, 2.2, 1.2])
-        ax.plot(its, B, drawstyle="steps-mid", lw=1.8, color="#1f77b4", label="B(t)")
-        if lo_hi:
-            for y in lo_hi:
-                ax.axhline(y, color="#999999", lw=0.8, ls=":")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("global batch (samples)")
+        _batch_panel(ax, its, B, lo_hi)
         ax.set_title("Global batch chosen by the coordinator", loc="left")
         if lo_hi:
             ax.set_title(f"--batch-range {lo_hi[0]}:{lo_hi[1]} (dotted)", loc="right",

@@ -67,6 +67,15 @@ class Run:
     def name(self) -> str:
         return SYNC_NAMES.get(self.sync, self.sync)
 
+    def first_records(self):
+        """(iterations, their first records): the job-wide fields of each iteration (B(t),
+        a mode's plan), which every worker's record of it carries."""
+        first = {}
+        for r in self.records:
+            first.setdefault(int(r["iteration"]), r)
+        its = np.array(sorted(first))
+        return its, [first[t] for t in its]
+
     @property
     def ranks(self) -> List[int]:
         return sorted(self.series)

@@ -47,3 +47,10 @@ def warn_momentum(optimizer, factor: float) -> None:
     if text:
         _momentum_warned.add(key)
         _log.warning(text)
+
+
+def rule_problem(rule) -> Optional[str]:
+    """The one-line problem with an ``--lr-scaling`` rule name, or None."""
+    if rule not in LR_SCALING:
+        return f"--lr-scaling {rule!r}: choose one of {', '.join(LR_SCALING)}"
+    return None

@@ -32,19 +32,17 @@ import numpy as np
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
-from mxlbbsp.core import split as _split
 
 from ._api import Option, SyncMode, available, get, register
-from .lbbsp import LBBSPPolicy
+from .lbbsp import BatchChoosingPolicy, batch_range_problem
 
 log = logging.getLogger(__name__)
 
 DEFAULTS = {"deadline": None, "batch_range": "64:1024", "lr_scaling": "linear", "epochs": None,
             "every": 5}
-EMA_ALPHA = 0.2
 
 
-class CourierPolicy(LBBSPPolicy):
+class CourierPolicy(BatchChoosingPolicy):
     """Chooses B(t+1) for the deadline, then splits it as LB-BSP does."""
 
     def __init__(self, coordinator, options=None):
@@ -62,58 +60,17 @@ class CourierPolicy(LBBSPPolicy):
         #: (iteration, when its allocation was sent, its predicted time): the planner's
         #: margin follows measured against predicted iteration times
         self._sent: Optional[tuple] = None
-        self.dataset_size = 0
-        self.trained = 0                 # samples of the iterations decided so far
-        self.totals = {}                 # iteration -> B(t) as sent
-        self.sync_s: Optional[float] = None
         #: iteration -> (seconds from the start when it was planned, predicted finish)
         self.plans: dict = {}
         #: iteration -> seconds from the start when its last push/pull ended (so far)
         self.done_at: dict = {}
         self._warned = False
 
-    # ---- registration -----------------------------------------------------------------
-
-    def validate(self, hellos):
-        n = self.num_workers
-        if self.lo < n:
-            return (f"--batch-range {self.lo}:{self.hi}: the minimum is below the number of "
-                    f"workers ({n}); use a minimum >= {n}")
-        self.dataset_size = int(hellos[0]["dataset_size"])
-        if self.dataset_size < n:
-            return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
-        return None
-
-    def first_split(self, global_batch):
-        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
-        self.totals[0] = B
-        return _split.equal_split(B, self.num_workers)
-
     # ---- iterations -------------------------------------------------------------------
 
-    def _cap(self, B: int, cap: Optional[int]) -> int:
-        """B within the rest of the epoch (``cap``): a rest smaller than the number of
-        workers could not be split, so it joins this batch."""
-        if cap is None:
-            return B
-        B = min(B, cap)
-        if 0 < cap - B < self.num_workers:
-            B = cap
-        return B
-
-    def _decided(self, t: int, sizes) -> None:
-        self.totals[t + 1] = int(np.sum(sizes))
-        self.trained += self.totals.get(t, 0)
-        for old in [k for k in self.totals if k < t - 1]:
-            del self.totals[old]
-
     def warmup(self, t, next_B, current):
-        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _split.rescale(current, B)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
         self._sent = None
-        return sizes
+        return super().warmup(t, next_B, current)
 
     def plan(self, t, model, next_B, current):
         # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
@@ -143,12 +100,7 @@ class CourierPolicy(LBBSPPolicy):
                             _planner.format_duration(self.planner.predicted_finish()), B,
                             _planner.format_duration(time_left), B)
             self._warned = self.planner.missing
-        B = self._cap(B, next_B)
-        if current is not None and int(current.sum()) != B:
-            current = _split.rescale(current, B)
-        sizes = self.coordinator.balancer.allocate(model, B, current)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
+        sizes = self._split_and_send(t, model, B, next_B, current)
         if self.sync_s is not None:
             self._sent = (t + 1, self.clock(),
                           _planner.iteration_time(model, self.sync_s, int(np.sum(sizes)),
@@ -164,10 +116,7 @@ class CourierPolicy(LBBSPPolicy):
         self.done_at[t] = time.monotonic() - self.started
         for old in [k for k in self.done_at if k < t - 64]:
             del self.done_at[old]
-        s = msg.get("sync_s")
-        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
-                and int(msg["iteration"]) >= self.coordinator.config.warmup:
-            self.sync_s = s if self.sync_s is None else self.sync_s + EMA_ALPHA * (s - self.sync_s)
+        super().on_done(rank, msg)
 
     def record_fields(self, t: int) -> dict:
         """Courier's columns of the metrics record of iteration t."""
@@ -217,19 +166,13 @@ class Courier(SyncMode):
             return "--sync courier needs --epochs: how many epochs the --deadline covers"
         if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
             return f"--epochs {epochs}: must be a positive number of epochs"
-        if opts["lr_scaling"] not in _lr.LR_SCALING:
-            return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
-                    f"{', '.join(_lr.LR_SCALING)}")
+        if _lr.rule_problem(opts["lr_scaling"]):
+            return _lr.rule_problem(opts["lr_scaling"])
         return None
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
-        """The smallest global batch must give every worker a sample."""
-        try:
-            _planner.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
-                                       num_workers)
-        except _planner.PlanError as exc:
-            return str(exc)
-        return None
+        return batch_range_problem(options.get("batch_range") or DEFAULTS["batch_range"],
+                                   num_workers)
 
     def misplaced(self, flags, sync) -> str:
         if get(sync).sets_batch:        # goodput: chooses B too, but not for a deadline

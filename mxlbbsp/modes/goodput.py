@@ -46,14 +46,13 @@ from mxlbbsp.core import split as _split
 from mxlbbsp.core import timemodel as _tm
 
 from ._api import Option, SyncMode, register
-from .lbbsp import LBBSPPolicy
+from .lbbsp import BatchChoosingPolicy, batch_range_problem
 
 log = logging.getLogger(__name__)
 
 DEFAULTS = {"batch_range": "64:1024", "lr_scaling": "sqrt", "goodput_model": "hetero",
             "every": 5}
 GOODPUT_MODELS = ("hetero", "homo")
-EMA_ALPHA = 0.2
 #: a batch must promise this much more goodput than the current one to be moved to
 GAIN_MARGIN = 0.05
 
@@ -127,7 +126,7 @@ class GoodputPlanner:
         return next((r for r in self.last_rows if r.batch == batch), None)
 
 
-class GoodputPolicy(LBBSPPolicy):
+class GoodputPolicy(BatchChoosingPolicy):
     """Chooses B(t+1) by goodput, then splits it as LB-BSP does."""
 
     def __init__(self, coordinator, options=None):
@@ -138,10 +137,6 @@ class GoodputPolicy(LBBSPPolicy):
         self.every = int(opts["every"])
         self.planner: Optional[GoodputPlanner] = None
         self.noise: Optional[_noise.NoiseScale] = None
-        self.dataset_size = 0
-        self.trained = 0
-        self.totals: Dict[int, int] = {}
-        self.sync_s: Optional[float] = None
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -149,22 +144,13 @@ class GoodputPolicy(LBBSPPolicy):
         self.noted: Dict[int, dict] = {}
 
     def validate(self, hellos):
-        n = self.num_workers
-        if self.lo < n:
-            return (f"--batch-range {self.lo}:{self.hi}: the minimum is below the number of "
-                    f"workers ({n}); use a minimum >= {n}")
-        self.dataset_size = int(hellos[0]["dataset_size"])
-        if self.dataset_size < n:
-            return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
+        problem = super().validate(hellos)
+        if problem:
+            return problem
         B0 = int(hellos[0]["global_batch_size"])
         self.noise = _noise.NoiseScale(B0)
         self.planner = GoodputPlanner(self.lo, self.hi, B0, every=self.every)
         return None
-
-    def first_split(self, global_batch):
-        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
-        self.totals[0] = B
-        return _split.equal_split(B, self.num_workers)
 
     # ---- noise -------------------------------------------------------------------------
 
@@ -176,11 +162,8 @@ class GoodputPolicy(LBBSPPolicy):
             self._take(t)
 
     def on_done(self, rank, msg):
+        super().on_done(rank, msg)
         t = int(msg["iteration"])
-        s = msg.get("sync_s")
-        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
-                and t >= self.coordinator.config.warmup:
-            self.sync_s = s if self.sync_s is None else self.sync_s + EMA_ALPHA * (s - self.sync_s)
         g = msg.get("global_grad_sqr")
         if rank == 0 and isinstance(g, (int, float)) and math.isfinite(g) and g >= 0:
             self._global[t] = float(g)
@@ -205,27 +188,6 @@ class GoodputPolicy(LBBSPPolicy):
 
     # ---- iterations --------------------------------------------------------------------
 
-    def _cap(self, B: int, cap: Optional[int]) -> int:
-        if cap is None:
-            return B
-        B = min(B, cap)
-        if 0 < cap - B < self.num_workers:
-            B = cap
-        return B
-
-    def _decided(self, t: int, sizes) -> None:
-        self.totals[t + 1] = int(np.sum(sizes))
-        self.trained += self.totals.get(t, 0)
-        for old in [k for k in self.totals if k < t - 1]:
-            del self.totals[old]
-
-    def warmup(self, t, next_B, current):
-        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _split.rescale(current, B)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
-        return sizes
-
     def plan(self, t, model, next_B, current):
         current = self.coordinator.current_split
         N = self.dataset_size
@@ -236,12 +198,7 @@ class GoodputPolicy(LBBSPPolicy):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch)
             B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
-        B = self._cap(B, next_B)
-        if current is not None and int(current.sum()) != B:
-            current = _split.rescale(current, B)
-        sizes = self.coordinator.balancer.allocate(model, B, current)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
+        sizes = self._split_and_send(t, model, B, next_B, current)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
         note["noise_scale"] = phi if math.isfinite(phi) else None
@@ -300,21 +257,16 @@ class Goodput(SyncMode):
             _planner.parse_batch_range(opts["batch_range"])
         except _planner.PlanError as exc:
             return str(exc)
-        if opts["lr_scaling"] not in _lr.LR_SCALING:
-            return (f"--lr-scaling {opts['lr_scaling']!r}: choose one of "
-                    f"{', '.join(_lr.LR_SCALING)}")
+        if _lr.rule_problem(opts["lr_scaling"]):
+            return _lr.rule_problem(opts["lr_scaling"])
         if opts["goodput_model"] not in GOODPUT_MODELS:
             return (f"--goodput-model {opts['goodput_model']!r}: choose one of "
                     f"{', '.join(GOODPUT_MODELS)}")
         return None
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
-        try:
-            _planner.parse_batch_range(options.get("batch_range") or DEFAULTS["batch_range"],
-                                       num_workers)
-        except _planner.PlanError as exc:
-            return str(exc)
-        return None
+        return batch_range_problem(options.get("batch_range") or DEFAULTS["batch_range"],
+                                   num_workers)
 
     def misplaced(self, flags, sync) -> str:
         return (f"{', '.join(flags)}: only --sync goodput chooses the global batch by goodput; "

@@ -7,10 +7,12 @@ iteration 1 on (normally it is already there).
 """
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Dict, Optional
 
 import numpy as np
 
+from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 
 from ._api import CoordinatorPolicy, SyncMode, register
@@ -40,3 +42,89 @@ class LBBSP(SyncMode):
     help = "split B by predicted speed so that all finish together (dist_sync)"
     uses_predictor = True
     policy = LBBSPPolicy
+
+
+def batch_range_problem(text: str, num_workers: int) -> Optional[str]:
+    """For a mode's ``check_workers``: the smallest global batch of ``--batch-range`` must
+    give every worker a sample (the problem in one line, or None)."""
+    try:
+        _planner.parse_batch_range(text, num_workers)
+    except _planner.PlanError as exc:
+        return str(exc)
+    return None
+
+
+class BatchChoosingPolicy(LBBSPPolicy):
+    """The part that every mode choosing the global batch B(t) within ``--batch-range``
+    shares (``courier``, ``goodput``): the range against the workers and the data, the first
+    split, B kept within the rest of the epoch, the batches decided so far, the warm-up, and
+    the measured push/pull time. A subclass sets ``lo`` and ``hi`` and decides B in ``plan``.
+    """
+
+    #: weight of the newest push/pull time in its running mean
+    SYNC_ALPHA = 0.2
+
+    def __init__(self, coordinator, options=None):
+        super().__init__(coordinator, options)
+        self.lo = self.hi = 0
+        self.dataset_size = 0
+        self.trained = 0                 # samples of the iterations decided so far
+        self.totals: Dict[int, int] = {}  # iteration -> B(t) as sent
+        self.sync_s: Optional[float] = None
+
+    def validate(self, hellos):
+        n = self.num_workers
+        if self.lo < n:
+            return (f"--batch-range {self.lo}:{self.hi}: the minimum is below the number of "
+                    f"workers ({n}); use a minimum >= {n}")
+        self.dataset_size = int(hellos[0]["dataset_size"])
+        if self.dataset_size < n:
+            return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
+        return None
+
+    def first_split(self, global_batch):
+        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
+        self.totals[0] = B
+        return _split.equal_split(B, self.num_workers)
+
+    def _cap(self, B: int, cap: Optional[int]) -> int:
+        """B within the rest of the epoch (``cap``): a rest smaller than the number of
+        workers could not be split, so it joins this batch."""
+        if cap is None:
+            return B
+        B = min(B, cap)
+        if 0 < cap - B < self.num_workers:
+            B = cap
+        return B
+
+    def _decided(self, t: int, sizes) -> None:
+        self.totals[t + 1] = int(np.sum(sizes))
+        self.trained += self.totals.get(t, 0)
+        for old in [k for k in self.totals if k < t - 1]:
+            del self.totals[old]
+
+    def _split_and_send(self, t: int, model, B: int, next_B: Optional[int],
+                        current: Optional[np.ndarray]) -> np.ndarray:
+        """B (within the rest of the epoch) split as LB-BSP splits, from the split in force
+        (``current``), sent as the split of t+1, and noted as decided."""
+        B = self._cap(B, next_B)
+        if current is not None and int(current.sum()) != B:
+            current = _split.rescale(current, B)
+        sizes = self.coordinator.balancer.allocate(model, B, current)
+        self.coordinator.send_split(t + 1, sizes)
+        self._decided(t, sizes)
+        return sizes
+
+    def warmup(self, t, next_B, current):
+        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
+        sizes = _split.rescale(current, B)
+        self.coordinator.send_split(t + 1, sizes)
+        self._decided(t, sizes)
+        return sizes
+
+    def on_done(self, rank, msg):
+        s = msg.get("sync_s")
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
+                and int(msg["iteration"]) >= self.coordinator.config.warmup:
+            self.sync_s = s if self.sync_s is None else \
+                self.sync_s + self.SYNC_ALPHA * (s - self.sync_s)
