@@ -16,6 +16,7 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from mxlbbsp import modes, predictors
+from mxlbbsp.control.config import CoordinatorConfig
 from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import signals
@@ -166,6 +167,9 @@ def parse_ssh_options(items) -> List[Tuple[str, str]]:
     return out
 
 
+_COORDINATOR = CoordinatorConfig.__dataclass_fields__
+
+
 @dataclasses.dataclass
 class LaunchConfig:
     """One job. See ``mxlbbsp launch --help`` for the meaning of each field."""
@@ -174,12 +178,13 @@ class LaunchConfig:
     num_workers: Optional[int] = None         # None: one per slot (hostfile, allocation)
     num_servers: int = 1
     hostfile: Optional[str] = None
-    sync: str = modes.DEFAULT
-    predictor: str = "narx"
-    time_model: str = "auto"
+    # the coordinator's settings: their defaults are the coordinator's, written once there
+    sync: str = _COORDINATOR["sync"].default
+    predictor: str = _COORDINATOR["predictor"].default
+    time_model: str = _COORDINATOR["time_model"].default
     exog: str = "auto"                        # the predictor's inputs (--exog)
     signals: str = "auto"                     # what the workers read besides (--signals)
-    threshold: float = 0.03
+    threshold: float = _COORDINATOR["threshold"].default
     max_batch_size: Optional[int] = None
     min_batch_size: Optional[int] = None      # None: auto (coordinator.auto_min_batch)
     tensorboard: Optional[str] = None         # folder for TensorBoard event files

@@ -19,7 +19,7 @@ class CoordinatorConfig:
 
     num_workers: int
     token: str
-    sync: str = "lbbsp"
+    sync: str = _modes.DEFAULT
     predictor: str = "narx"
     time_model: str = "auto"
     exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
