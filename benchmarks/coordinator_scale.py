@@ -329,7 +329,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
             if coord.failure:
                 raise RuntimeError(f"coordinator failed: {coord.failure}")
-            server = np.array(coord.alloc_latency[max(skip - 1, 0):]) * 1000
+            server = np.array(list(coord.alloc_latency)[max(skip - 1, 0):]) * 1000
         finally:
             coord.stop()
     last_sent = np.max([r["last_sent"] for r in results], axis=0)

@@ -29,6 +29,7 @@ No MXNet import: the coordinator is plain numpy + asyncio and is tested in milli
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -47,6 +48,10 @@ from mxlbbsp.core import split as _split
 from mxlbbsp.core.store import save_coordinator
 
 log = logging.getLogger(__name__)
+
+#: how many iterations' allocation latencies the coordinator keeps
+ALLOC_LATENCY_KEPT = 100_000
+
 
 class Coordinator:
     """The coordination service of one job. ``start()`` it, hand its address to the workers.
@@ -93,7 +98,9 @@ class Coordinator:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server = None
         self._thread: Optional[threading.Thread] = None
-        self.alloc_latency: List[float] = []         # seconds from last report to broadcast
+        #: seconds from the last report of an iteration to its split sent, for the latest
+        #: ALLOC_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
+        self.alloc_latency: collections.deque = collections.deque(maxlen=ALLOC_LATENCY_KEPT)
         self._start = 0                              # first iteration (> 0 when resumed)
         self._resumed_sizes: Optional[np.ndarray] = None   # the split a checkpoint saved
         if config.resume_manifest is not None:
