@@ -289,9 +289,10 @@ class Signals:
         if not wall > 0:
             return
         others = (end["busy"] - start["busy"]) - (end["own"] - start["own"])
-        # /proc/stat ticks are 10 ms: short windows are coarse; never below 0
+        # /proc/stat ticks are 10 ms: short windows are coarse (seen: 115 over a ~20 ms
+        # window on a busy host); within [0, 100], NaN stays NaN
         cpu = 100.0 * others / (wall * self._cpus)
-        out["others_cpu" + suffix] = 0.0 if cpu < 0 else cpu    # NaN stays NaN
+        out["others_cpu" + suffix] = 0.0 if cpu < 0 else 100.0 if cpu > 100 else cpu
         out["run_delay" + suffix] = (end["delay"] - start["delay"]) / wall
         out["cpu_pressure" + suffix] = (end["psi"] - start["psi"]) / wall
         if not suffix:
