@@ -36,6 +36,7 @@ from mxlbbsp.analysis.plotkit import (
     _xlabel,
 )
 from mxlbbsp.analysis.runs import Run, _float, _mode
+from mxlbbsp.analysis.trace import score
 from mxlbbsp.core import metrics
 
 
@@ -282,12 +283,13 @@ def plot_time(run: Run, path: str) -> str:
 
 
 def _mape(run: Run) -> Optional[float]:
-    errs = []
-    for s in run.series.values():
-        keep = (s.iteration >= run.skip) & np.isfinite(s.predicted) & (s.speed > 0)
-        errs.append(np.abs(s.predicted[keep] - s.speed[keep]) / s.speed[keep])
-    e = np.concatenate(errs) if errs else np.array([])
-    return float(e.mean()) if e.size else None
+    """The mean absolute percentage error of the predicted speeds after the warm-up, as a
+    fraction (``mxlbbsp predict``'s figure)."""
+    keep = [(s.iteration >= run.skip) & (s.speed > 0) for s in run.series.values()]
+    y = np.concatenate([s.speed[k] for s, k in zip(run.series.values(), keep)] or [[]])
+    f = np.concatenate([s.predicted[k] for s, k in zip(run.series.values(), keep)] or [[]])
+    mape = score(y, f)["mape"]
+    return None if mape is None else mape / 100.0
 
 
 def plot_speed(run: Run, path: str) -> str:

@@ -202,7 +202,9 @@ def forecasts(name: str, series: RankSeries, **options) -> tuple:
     return out, int(predictor.fallbacks.sum())
 
 
-def _score(y: np.ndarray, f: np.ndarray) -> dict:
+def score(y: np.ndarray, f: np.ndarray) -> dict:
+    """MAPE (%) and RMSE of forecasts ``f`` of ``y`` where ``f`` is finite (the one place
+    both are computed: ``mxlbbsp predict`` and the report's speed plot)."""
     keep = np.isfinite(f)
     y, f = y[keep], f[keep]
     if not len(y):
@@ -230,10 +232,10 @@ def evaluate(trace: Trace, names: Sequence[str], options: Optional[dict] = None)
         for rank, series in trace.ranks.items():
             f, fb = forecasts(name, series, **options.get(name, {}))
             fallbacks += fb
-            per_rank[rank] = _score(series.speed, f)
+            per_rank[rank] = score(series.speed, f)
             ys.append(series.speed)
             fs.append(f)
-        entry = _score(np.concatenate(ys), np.concatenate(fs))
+        entry = score(np.concatenate(ys), np.concatenate(fs))
         entry["fallbacks"] = fallbacks
         entry["per_rank"] = per_rank
         result[name] = entry
