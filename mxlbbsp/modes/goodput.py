@@ -96,12 +96,17 @@ def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
     return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
 
 
-def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None):
+def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None,
+                    least: int = 1):
     """B -> predicted iteration time under the ``hetero`` (LB-BSP makespan) or ``homo``
-    (equal split) throughput model."""
-    if kind == "homo":
-        return lambda B: equal_split_time(model, sync_s, B)
-    return lambda B: _planner.iteration_time(model, sync_s, B, max_batch)
+    (equal split) throughput model; infinite below ``least`` (the split's minimum)."""
+    def seconds(B: int) -> float:
+        if B < least:
+            return math.inf
+        if kind == "homo":
+            return equal_split_time(model, sync_s, B)
+        return _planner.iteration_time(model, sync_s, B, max_batch)
+    return seconds
 
 
 class GoodputPlanner:
@@ -250,7 +255,7 @@ class GoodputPolicy(BatchChoosingPolicy):
             model = with_fixed_costs(model, self.fit.intercept, batches)
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
-                                 self.coordinator.balancer.max_batch)
+                                 self.coordinator.balancer.max_batch, self.least)
             B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
         sizes = self._split_and_send(t, model, B, next_B, current)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None

@@ -95,13 +95,21 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.totals[0] = B
         return _split.equal_split(B, self.num_workers)
 
+    @property
+    def least(self) -> int:
+        """The smallest global batch that can be split: every worker its least local batch
+        (``--min-batch-size``; 8 by default once a worker reports BatchNorm layers)."""
+        return self.num_workers * max(int(self.coordinator.balancer.min_batch), 1)
+
     def _cap(self, B: int, cap: Optional[int]) -> int:
-        """B within the rest of the epoch (``cap``): a rest smaller than the number of
-        workers could not be split, so it joins this batch."""
+        """B, at least :attr:`least`, within the rest of the epoch (``cap``): a rest smaller
+        than :attr:`least` could not be split, so it joins this batch."""
+        least = self.least
+        B = max(B, least)
         if cap is None:
             return B
         B = min(B, cap)
-        if 0 < cap - B < self.num_workers:
+        if 0 < cap - B < least:
             B = cap
         return B
 
