@@ -142,12 +142,12 @@ def tables(work, args, B0, load_at_start, results, cost) -> str:
         runs, sm = res["runs"], res["summary"]
         lo, hi = res["load"]
         lines += ["", f"**{cluster}** (load average {lo:.1f}-{hi:.1f} at the arms' starts)", "",
-                  "| arm | reached | seconds to target, per seed | median | B first..last, "
+                  "| arm | reached | seconds to target, per seed | median | median B(t), "
                   "per seed | samples/s |", "|---|---|---|---|---|---|"]
         for arm, rs in runs.items():
             secs = [r["seconds_to_target"] for r in rs]
             got = [s for s in secs if s is not None]
-            spans = ", ".join(f"{r['batches'][0]}..{r['batches'][-1]}" for r in rs)
+            spans = ", ".join(f"{C.median(r['batches']):.0f}" for r in rs)
             lines.append(
                 f"| {arm} | {len(got)}/{len(rs)} | "
                 f"{', '.join(_fmt(s, '{:.1f}') for s in secs)} | "

@@ -130,8 +130,8 @@ def main():
                                        f"{run['seconds_to_target']:.1f} s"
                                        if run["seconds_to_target"] is not None
                                        else "target not reached")
-                               + f"; {run['samples_per_s']:.0f} samples/s; B "
-                               + f"{run['batches'][0]}..{run['batches'][-1]}")
+                               + f"; {run['samples_per_s']:.0f} samples/s; median B "
+                               + f"{C.median(run['batches']):.0f}")
             results[cluster] = {"runs": runs, "summary": summarise(runs, fixed, B0),
                                 "load": [min(loads), max(loads)]}
     C.write(name, {"args": vars(args), "workload": work, "load_at_start": load_at_start,

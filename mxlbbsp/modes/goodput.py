@@ -245,19 +245,22 @@ class GoodputPolicy(BatchChoosingPolicy):
         return b
 
     def plan(self, t, model, next_B, current):
+        """The split of t+1 at the B the planner chose last time, sent at once; then, off
+        the workers' path (they wait only for their slices), the planner's next choice
+        from what iteration t measured: a change of B takes effect one iteration later."""
         current = self.coordinator.current_split
         N = self.dataset_size
         done = self.trained + self.totals.get(t, 0)
-        B = self.totals.get(t, self.lo)
         phi = self.phi
         batches = self._observe_times(t)
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
+        B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
+        sizes = self._split_and_send(t, model, B, next_B, current)
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch, self.least)
-            B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
-        sizes = self._split_and_send(t, model, B, next_B, current)
+            self.planner.update(fn, phi, epoch=int(done // N) if N else None)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
         if batches is not None:
