@@ -76,6 +76,9 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
     (["--sync", "goodput", "--epochs", "3"], "--epochs"),
     (["--sync", "lbbsp", "--goodput-model", "homo"], "only --sync goodput"),
     (["--sync", "bsp", "--batch-range", "8:64"], "--batch-range"),
+    (["--sync", "courier", "--deadline", "5m", "--epochs", "2", "--lr-scaling", "adascale"],
+     "only --sync goodput"),
+    (["--sync", "goodput", "--lr-scaling", "cubic"], "--lr-scaling"),
 ])
 def test_launch_refuses_bad_goodput_options_before_starting_anything(capsys, args, words):
     assert main(["launch", "-n", "4", *args, "--", "python", "-c", "pass"]) == 2

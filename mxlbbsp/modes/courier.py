@@ -145,8 +145,9 @@ class Courier(SyncMode):
                help="the global batch sizes to choose from (default 64:1024)."),
         Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
                help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear (default, Goyal et al.), sqrt, none "
-                    "(adascale: --sync goodput only)."),
+                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
+                    "none, or adascale (goodput only, its default: AdaScale's gain from "
+                    "the measured noise scale)."),
         Option("epochs", "--epochs", type=float, metavar="E",
                help="how many epochs of the data set --deadline covers."),
     )

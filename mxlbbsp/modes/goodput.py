@@ -325,8 +325,9 @@ class Goodput(SyncMode):
                help="the global batch sizes to choose from (default 64:1024)."),
         Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
                help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear, sqrt, none, or adascale (goodput's "
-                    "default: AdaScale's gain from the measured noise scale)."),
+                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
+                    "none, or adascale (goodput only, its default: AdaScale's gain from "
+                    "the measured noise scale)."),
         Option("goodput_model", "--goodput-model", type=GOODPUT_MODELS,
                help="the throughput model B is chosen with: hetero (default, the LB-BSP "
                     "makespan of the workers' time models) or homo (an equal split, as a "
