@@ -216,3 +216,20 @@ def test_the_global_batch_leaves_every_worker_its_least_batch():
     assert math.isinf(fn(16)) and math.isfinite(fn(24))
     p = goodput.GoodputPlanner(16, 256, 64)
     assert p.update(fn, 1.0, force=True) >= 24          # tiny noise scale: the least B
+
+
+def test_fixed_cost_fit_is_robust_and_waits_for_varied_batches():
+    rng = np.random.default_rng(5)
+    fit = _tm.FixedCostFit(2, window=64, every=1)
+    a, c = np.array([0.010, 0.030]), np.array([0.0005, 0.0015])     # the slow one 3x
+    for k in range(64):                                             # one batch: nothing
+        b = np.array([48.0, 16.0])
+        fit.observe(b, a + c * b + rng.normal(0, 0.001, 2))
+    assert fit.intercept.tolist() == [0.0, 0.0]
+    for k in range(64):                                             # B moved, a tenant
+        b = np.array([48.0, 16.0]) * (1 if k % 3 else 0.6)
+        t = a + c * b + rng.normal(0, 0.001, 2)
+        if k % 17 == 0:
+            t = t * 4                                               # passing slow iterations
+        fit.observe(b, t)
+    assert fit.intercept == pytest.approx(a, rel=0.25)

@@ -17,10 +17,12 @@ B/n: what a model of equal replicas such as AdaptDL's measures on these workers)
 is LB-BSP's either way, so the two differ only in the B they choose.
 
 The workers' time models are the split's (the predictor's speeds), with each worker's fixed
-cost per iteration (a_i in t_i(b) = a_i + b/v_i) from a fit of its compute times against its
-batch sizes over the last ``FIT_WINDOW`` iterations (``core.timemodel.AffineFit``): the split's default linear model reads a fixed cost as slowness, which makes a
-small B look cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were
-measured, 67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
+cost per iteration (a_i in t_i(b) = a_i + b/v_i) from a robust fit of its compute times
+against its batch sizes over the last ``FIT_WINDOW`` iterations (``core.timemodel.
+FixedCostFit``), for the throughput only (the split itself keeps the split's model). The
+split's default linear model reads a fixed cost as slowness, which makes a small B look
+cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were measured,
+67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
 that varied (the epoch's short last batch, a change of B); until then the cost is the split
 model's (0 for the linear model). The push/pull time is the least any worker measured in an
 iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
@@ -174,7 +176,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.planner: Optional[GoodputPlanner] = None
         self.noise: Optional[_noise.NoiseScale] = None
         #: each worker's fixed cost per iteration, fitted from its batches and compute times
-        self.fit = _tm.AffineFit(self.num_workers, window=FIT_WINDOW)
+        self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW)
         #: iteration -> {rank: (local batch, compute seconds)}
         self._times: Dict[int, Dict[int, tuple]] = {}
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
@@ -252,11 +254,12 @@ class GoodputPolicy(BatchChoosingPolicy):
         N = self.dataset_size
         done = self.trained + self.totals.get(t, 0)
         phi = self.phi
+        B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
+        sizes = self._split_and_send(t, model, B, next_B, current)
+        # the split goes by the split's model; the throughput, with the fixed costs
         batches = self._observe_times(t)
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
-        B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
-        sizes = self._split_and_send(t, model, B, next_B, current)
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch, self.least)
