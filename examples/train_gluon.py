@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", help="folder with CIFAR-10 (for --data cifar10)")
     p.add_argument("--samples", type=int, default=4096, help="synthetic data set size")
     p.add_argument("--image-shape", default="3,32,32", help="synthetic image shape C,H,W")
+    p.add_argument("--noise", type=float, default=1.0,
+                   help="synthetic: the noise added to each class's template, in its units "
+                   "(default 1; more is a harder task)")
     p.add_argument("--batch-size", type=int, default=64, help="global batch size B")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--iterations", type=int, default=0,
@@ -80,7 +83,8 @@ def main(argv=None):
     np.random.seed(args.seed)
     try:
         train, test = datasets.load(args.data, data_dir=args.data_dir, samples=args.samples,
-                                    image_shape=args.image_shape, seed=args.seed)
+                                    image_shape=args.image_shape, seed=args.seed,
+                                    noise=args.noise)
         width = {} if args.width is None else \
             {{"mlp": "hidden", "cnn": "channels"}.get(args.model, "width"): args.width}
         net = get_model(args.model, classes=datasets.num_classes(args.data), **width)

@@ -49,7 +49,7 @@ def test_the_documents_quote_every_benchmark_script():
     scripts = {script for _, script, _ in COMMANDS}
     for name in ("static", "dynamic", "contention", "time_to_accuracy", "coordinator_scale",
                  "throughput", "r2sp", "checkpoint", "courier", "time_model", "predictors",
-                 "signals_cost", "record_traces"):
+                 "signals_cost", "record_traces", "goodput"):
         assert f"benchmarks/{name}.py" in scripts, name
     for _, script, _ in COMMANDS:
         assert (ROOT / script).is_file(), f"a document quotes {script}, which does not exist"

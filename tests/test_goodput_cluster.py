@@ -1,5 +1,6 @@
 """The goodput mode end to end: real scheduler, servers and workers on loopback; a single
-process replaying the job's recorded B(t) and learning rates ends with its parameters."""
+process replaying the job's recorded B(t) and learning rates (AdaScale's gain, from the
+coordinator) ends with its parameters."""
 import itertools
 import json
 import os
@@ -17,14 +18,17 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
     from conftest import PY, ROOT, run_mxlbbsp
     from test_cluster import relative_difference
 
+    from mxlbbsp.core.lr import adascale
+
     record = ROOT / "tests" / "scripts" / "record_batches.py"
     N, B0, epochs = 600, 40, 3
     job, single = tmp_path / "job", tmp_path / "single"
     job.mkdir()
     single.mkdir()
     # B0 = 40 lies above the range: every B(t) is the coordinator's, none the loader's
+    # the default --lr-scaling adascale: the factors come from the coordinator's noise scale
     r = run_mxlbbsp("launch", "-n", 3, "--sync", "goodput", "--batch-range", "6:30",
-                    "--lr-scaling", "sqrt", "--emulate-compute", 0.5,
+                    "--emulate-compute", 0.5,
                     "--emulate-slowdown", "1,1,3", "--metrics", tmp_path / "m.jsonl",
                     "--progress", 0, "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
     assert r.rc == 0, r.output
@@ -44,13 +48,17 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
     outside = [(t, b) for t, b in enumerate(schedule)
                if not (3 if t in last else 6) <= b <= 32]
     assert not outside, outside
-    lr = [next(x["lr_factor"] for x in recs if x["iteration"] == t) for t in sorted(totals)]
-    assert all(f == pytest.approx((b / B0) ** 0.5) for f, b in zip(lr, schedule))
+    # every worker applied AdaScale's gain at B(t) from the noise scale recorded with it
+    # (sqrt(B/B0) before it was known)
+    for t in sorted(totals):
+        mine = [x for x in recs if x["iteration"] == t]
+        assert len({x["lr_factor"] for x in mine}) == 1
+        assert mine[0]["lr_factor"] == adascale(mine[0]["noise_scale"], schedule[t], B0)
+    assert sum(x["noise_scale"] is not None for x in recs) > len(recs) / 2
     ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
     union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
-    # one process replaying the recorded B(t), with the same learning-rate rule
-    env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"),
-               MXLBBSP_LR_SCALING="sqrt")
+    # one process replaying the recorded B(t) and learning-rate factors
+    env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"))
     subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
                     "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
     replay = json.load(open(single / "single.json"))["batches"]
@@ -68,6 +76,9 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
     (["--sync", "goodput", "--epochs", "3"], "--epochs"),
     (["--sync", "lbbsp", "--goodput-model", "homo"], "only --sync goodput"),
     (["--sync", "bsp", "--batch-range", "8:64"], "--batch-range"),
+    (["--sync", "courier", "--deadline", "5m", "--epochs", "2", "--lr-scaling", "adascale"],
+     "only --sync goodput"),
+    (["--sync", "goodput", "--lr-scaling", "cubic"], "--lr-scaling"),
 ])
 def test_launch_refuses_bad_goodput_options_before_starting_anything(capsys, args, words):
     assert main(["launch", "-n", "4", *args, "--", "python", "-c", "pass"]) == 2

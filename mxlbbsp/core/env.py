@@ -43,10 +43,12 @@ MXLBBSP_EXIT_HOOK_PID  written by the exit hook itself (not the launcher): the p
                        worker's own process, so that only it announces a normal end
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
                        of the automatic stall limit (default 300,120)
-MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier):
-                       linear | sqrt | none (default linear)
-MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes a single process replays
-                       (mxlbbsp.DataLoader's batch_schedule); absent: none
+MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier,
+                       goodput): linear | sqrt | none | adascale (default linear; adascale:
+                       the coordinator's factor, goodput only)
+MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes (and recorded learning-rate
+                       factors) a single process replays (mxlbbsp.DataLoader's
+                       batch_schedule); absent: none
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -223,10 +225,10 @@ def stall_floors(env: Optional[Mapping[str, str]] = None) -> Tuple[float, float]
 
 
 def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
-    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.core.lr.LR_SCALING`."""
+    """MXLBBSP_LR_SCALING (default linear): see :data:`mxlbbsp.core.lr.RULES`."""
     rule = get(env, LR_SCALING) or "linear"
-    if rule not in _lr.LR_SCALING:
-        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(_lr.LR_SCALING)}")
+    if rule not in _lr.RULES:
+        raise EnvError(f"{LR_SCALING}={rule!r}: expected one of {', '.join(_lr.RULES)}")
     return rule
 
 

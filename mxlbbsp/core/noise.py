@@ -39,6 +39,8 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp.core import lr as _lr
+
 
 class NoisePoint(NamedTuple):
     """One iteration's (unsmoothed) estimate: S = |G|^2, V = tr(Sigma) (per-sample)."""
@@ -207,10 +209,10 @@ def efficiency(phi: float, batch, base_batch: float):
 
 def gain(phi: float, batch: float, base_batch: float) -> float:
     """AdaScale's gain r = E(B) * B / B0, in [1, B/B0] for B >= B0 (1 while phi is
-    unknown)."""
+    unknown): :func:`mxlbbsp.core.lr.adascale`, the ``--lr-scaling adascale`` factor."""
     if not (isinstance(phi, (int, float)) and math.isfinite(phi)):
         return 1.0
-    return float(efficiency(phi, batch, base_batch) * float(batch) / base_batch)
+    return _lr.adascale(phi, batch, base_batch)
 
 
 class GoodputRow(NamedTuple):

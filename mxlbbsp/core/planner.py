@@ -17,7 +17,8 @@ measured spread of iteration times, and hysteresis with a bound on changes per e
 B moves only when a prediction says it must.
 
 Pure numpy, no MXNet: used by the Courier mode's policy, by ``mxlbbsp plan`` and by tests.
-The replay of a job's recorded global batches (:func:`schedule_from_metrics`) is here too.
+The replay of a job's recorded global batches and learning-rate factors
+(:func:`replay_from_metrics`) is here too.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import math
 import os
 import re
 import time
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -357,14 +358,21 @@ def launch_clock() -> float:
     return time.monotonic() - max(age, 0.0)
 
 
-def schedule_from_metrics(path: str) -> List[int]:
-    """The global batch sizes B(0), B(1), ... of a job, from its metrics file (the sum of
-    the workers' batches of each iteration), for a single process to replay them."""
-    totals = {}
+def replay_from_metrics(path: str) -> Tuple[List[int], List[float]]:
+    """(B(0), B(1), ...; the learning-rate factor of each iteration) of a job, from its
+    metrics file: the sum of the workers' batches of each iteration, and the ``lr_factor``
+    its workers applied (rank 0's record; 1 where none was recorded), for a single process
+    to replay both exactly (the factor of ``--lr-scaling adascale`` came from the job's
+    coordinator, so only the record has it)."""
+    totals: dict = {}
+    factors: dict = {}
     for rec in _metrics.load(path):
         t = int(rec["iteration"])
         totals[t] = totals.get(t, 0) + int(rec["batch_size"])
+        if rec.get("rank") == 0 or t not in factors:
+            f = rec.get("lr_factor")
+            factors[t] = float(f) if isinstance(f, (int, float)) and f > 0 else 1.0
     if sorted(totals) != list(range(len(totals))):
         raise PlanError(f"{path}: the iterations are not 0..{len(totals) - 1}; give the "
                         "metrics file of one whole job")
-    return [totals[t] for t in range(len(totals))]
+    return [totals[t] for t in range(len(totals))], [factors[t] for t in range(len(totals))]

@@ -22,6 +22,8 @@ worker side (:class:`SyncMode`, methods taking the worker's session as :class:`W
     ``normalisers``         (N(t), N0): the gradient normaliser of this step and the nominal
                             one baked into the servers' optimizer (see :mod:`mxlbbsp.worker.trainer`)
     ``before_push``         anything to wait for between the gradients and the push
+    ``lr_factor``           the learning-rate factor of the current iteration the coordinator
+                            sent (goodput's ``--lr-scaling adascale``), or None: the rule's
 
 The split: the per-worker batch sizes of one iteration (they sum to its global batch B(t));
 the one word for it everywhere. Nothing here imports MXNet: the trainer (which does) calls
@@ -252,6 +254,11 @@ class SyncMode:
 
     def before_push(self, sess: WorkerSession) -> None:
         """Called once the gradients are ready and reported, before the push."""
+
+    def lr_factor(self, sess: WorkerSession) -> Optional[float]:
+        """The learning-rate factor of ``sess.iteration`` as the coordinator sent it (None:
+        the worker computes its ``--lr-scaling`` rule of B(t) / B0 itself)."""
+        return None
 
 
 _REGISTRY: Dict[str, SyncMode] = {}

@@ -143,9 +143,11 @@ class Courier(SyncMode):
                     "--batch-range predicted to meet it."),
         Option("batch_range", "--batch-range", metavar="MIN:MAX",
                help="the global batch sizes to choose from (default 64:1024)."),
-        Option("lr_scaling", "--lr-scaling", type=tuple(_lr.LR_SCALING),
+        Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
                help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear (default, Goyal et al.), sqrt, none."),
+                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
+                    "none, or adascale (goodput only, its default: AdaScale's gain from "
+                    "the measured noise scale)."),
         Option("epochs", "--epochs", type=float, metavar="E",
                help="how many epochs of the data set --deadline covers."),
     )
@@ -166,8 +168,8 @@ class Courier(SyncMode):
             return "--sync courier needs --epochs: how many epochs the --deadline covers"
         if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
             return f"--epochs {epochs}: must be a positive number of epochs"
-        if _lr.rule_problem(opts["lr_scaling"]):
-            return _lr.rule_problem(opts["lr_scaling"])
+        if _lr.rule_problem(opts["lr_scaling"], "courier"):
+            return _lr.rule_problem(opts["lr_scaling"], "courier")
         return None
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:

@@ -16,6 +16,17 @@ homo`` instead predicts the iteration time of an *equal* split (the slowest work
 B/n: what a model of equal replicas such as AdaptDL's measures on these workers); the split
 is LB-BSP's either way, so the two differ only in the B they choose.
 
+The workers' time models are the split's (the predictor's speeds), with each worker's fixed
+cost per iteration (a_i in t_i(b) = a_i + b/v_i) from a robust fit of its compute times
+against its batch sizes over the last ``FIT_WINDOW`` iterations (``core.timemodel.
+FixedCostFit``), for the throughput only (the split itself keeps the split's model). The
+split's default linear model reads a fixed cost as slowness, which makes a small B look
+cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were measured,
+67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
+that varied (the epoch's short last batch, a change of B); until then the cost is the split
+model's (0 for the linear model). The push/pull time is the least any worker measured in an
+iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
+
 Stability (as Courier's B(t)): B changes only when, at each of the last ``every`` plans, a
 batch at least ``min_step`` times away from the current one promised ``1 + GAIN_MARGIN``
 times its goodput, then to the closest of those choices (the most cautious), and at most
@@ -24,11 +35,16 @@ times its goodput, then to the closest of those choices (the most cautious), and
 
 Noise: every worker reports |sum of its local per-sample gradients|^2 (``grad_sqr``, one
 scalar, computed only in this mode); rank 0 reports the same of the global sum after the
-pull (``global_grad_sqr`` in its ``done``). The learning rate follows B(t)/B0 by
-``--lr-scaling`` (default sqrt, as for Courier's rules: the workers apply it and a single
-process replays it from the recorded B(t)); AdaScale's gain at each B is recorded alongside
-(``adascale_gain``) but not applied: it depends on the coordinator's estimate, which the
-workers do not see.
+pull (``global_grad_sqr`` in its ``done``).
+
+Learning rate (``--lr-scaling``, default ``adascale``): AdaScale's gain
+r(B) = (phi/B0 + 1)/(phi/B + 1) (:func:`mxlbbsp.core.lr.adascale`), with the same phi the
+batch is chosen by, so that the progress per sample is the efficiency the choice assumed.
+It depends on the coordinator's estimate, so the coordinator sends it to every worker (an
+``lr`` message, just before each split: ``{iteration, factor}``); the workers apply it and
+report it (``lr_factor`` in the metrics), and a single process replaying the job's metrics
+applies the recorded factors. Before phi is known, sqrt(B/B0). The rules of B alone
+(``linear``, ``sqrt``, ``none``) are computed by the workers, as in Courier.
 """
 from __future__ import annotations
 
@@ -50,11 +66,27 @@ from .lbbsp import BatchChoosingPolicy, batch_range_problem
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {"batch_range": "64:1024", "lr_scaling": "sqrt", "goodput_model": "hetero",
+DEFAULTS = {"batch_range": "64:1024", "lr_scaling": _lr.ADASCALE, "goodput_model": "hetero",
             "every": 5}
 GOODPUT_MODELS = ("hetero", "homo")
 #: a batch must promise this much more goodput than the current one to be moved to
 GAIN_MARGIN = 0.05
+#: iterations of (batch, compute time) per worker the fixed costs are fitted over: long, as
+#: the batch sizes vary seldom (an epoch's last batch, a change of B)
+FIT_WINDOW = 128
+#: the message that carries the learning-rate factor of an iteration (adascale)
+LR_MESSAGE = "lr"
+
+
+def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, sizes) -> _tm.TimeModel:
+    """``model`` with each worker's fixed cost ``fixed`` (seconds; where ``model`` has none),
+    its time at its batch in ``sizes`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
+    of t_i(b_i) over b_i samples the marginal speed."""
+    b = np.maximum(np.asarray(sizes, dtype=float), 1.0)
+    now = model.time(b)
+    a = np.where(model.intercept > 0, model.intercept,
+                 np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
+    return _tm.TimeModel(b / np.maximum(now - a, 1e-12), a)
 
 
 def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
@@ -66,12 +98,17 @@ def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
     return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
 
 
-def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None):
+def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None,
+                    least: int = 1):
     """B -> predicted iteration time under the ``hetero`` (LB-BSP makespan) or ``homo``
-    (equal split) throughput model."""
-    if kind == "homo":
-        return lambda B: equal_split_time(model, sync_s, B)
-    return lambda B: _planner.iteration_time(model, sync_s, B, max_batch)
+    (equal split) throughput model; infinite below ``least`` (the split's minimum)."""
+    def seconds(B: int) -> float:
+        if B < least:
+            return math.inf
+        if kind == "homo":
+            return equal_split_time(model, sync_s, B)
+        return _planner.iteration_time(model, sync_s, B, max_batch)
+    return seconds
 
 
 class GoodputPlanner:
@@ -135,8 +172,13 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.lo, self.hi = _planner.parse_batch_range(opts["batch_range"])
         self.kind = opts["goodput_model"]
         self.every = int(opts["every"])
+        self.rule = opts["lr_scaling"]
         self.planner: Optional[GoodputPlanner] = None
         self.noise: Optional[_noise.NoiseScale] = None
+        #: each worker's fixed cost per iteration, fitted from its batches and compute times
+        self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW)
+        #: iteration -> {rank: (local batch, compute seconds)}
+        self._times: Dict[int, Dict[int, tuple]] = {}
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -155,6 +197,10 @@ class GoodputPolicy(BatchChoosingPolicy):
     # ---- noise -------------------------------------------------------------------------
 
     def on_report(self, rank, msg):
+        c = msg.get("compute_s")
+        if isinstance(c, (int, float)) and math.isfinite(c) and c > 0:
+            self._times.setdefault(int(msg["iteration"]), {})[rank] = (
+                float(msg["batch_size"]), float(c))
         s = msg.get("grad_sqr")
         if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
             t = int(msg["iteration"])
@@ -188,20 +234,40 @@ class GoodputPolicy(BatchChoosingPolicy):
 
     # ---- iterations --------------------------------------------------------------------
 
+    def _observe_times(self, t: int) -> Optional[np.ndarray]:
+        """Iteration t's batches and compute times into the fit; the batches (None when a
+        report lacked its time)."""
+        times = self._times.pop(t, {})
+        for old in [k for k in self._times if k < t - 64]:
+            del self._times[old]
+        if len(times) < self.num_workers:
+            return None
+        b = np.array([times[r][0] for r in range(self.num_workers)])
+        self.fit.observe(b, np.array([times[r][1] for r in range(self.num_workers)]))
+        return b
+
     def plan(self, t, model, next_B, current):
+        """The split of t+1 at the B the planner chose last time, sent at once; then, off
+        the workers' path (they wait only for their slices), the planner's next choice
+        from what iteration t measured: a change of B takes effect one iteration later."""
         current = self.coordinator.current_split
         N = self.dataset_size
         done = self.trained + self.totals.get(t, 0)
-        B = self.totals.get(t, self.lo)
-        phi = self.noise.noise_scale_low if self.noise is not None else math.nan
+        phi = self.phi
+        B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
+        sizes = self._split_and_send(t, model, B, next_B, current)
+        # the split goes by the split's model; the throughput, with the fixed costs
+        batches = self._observe_times(t)
+        if batches is not None:
+            model = with_fixed_costs(model, self.fit.intercept, batches)
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
-                                 self.coordinator.balancer.max_batch)
-            B = self.planner.update(fn, phi, epoch=int(done // N) if N else None)
-        sizes = self._split_and_send(t, model, B, next_B, current)
+                                 self.coordinator.balancer.max_batch, self.least)
+            self.planner.update(fn, phi, epoch=int(done // N) if N else None)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
-        note["noise_scale"] = phi if math.isfinite(phi) else None
+        if batches is not None:
+            note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
         point = self.noise.noise_scale if self.noise is not None else math.nan
         note["noise_scale_point"] = point if math.isfinite(point) else None
         if row is not None:
@@ -210,6 +276,25 @@ class GoodputPolicy(BatchChoosingPolicy):
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
         return sizes
+
+    @property
+    def phi(self) -> float:
+        """The noise scale B and the learning rate go by (the cautious one; nan unknown)."""
+        return self.noise.noise_scale_low if self.noise is not None else math.nan
+
+    def _before_split(self, iteration: int, sizes) -> None:
+        """The noise scale of ``iteration`` noted (the one its B and learning rate go by);
+        with ``--lr-scaling adascale``, its factor to every worker, before its split (so
+        that a worker has it once it has its slice)."""
+        phi = self.phi
+        phi = phi if math.isfinite(phi) else None
+        self.noted.setdefault(iteration, {})["noise_scale"] = phi
+        if self.rule != _lr.ADASCALE or self.noise is None:
+            return
+        factor = _lr.adascale(phi, int(np.sum(sizes)), self.noise.base_batch)
+        msg = {"type": LR_MESSAGE, "iteration": int(iteration), "factor": factor}
+        for rank in range(self.num_workers):
+            self.coordinator.send(rank, msg)
 
     def record_fields(self, t: int) -> dict:
         """Goodput's columns of the metrics record of iteration t."""
@@ -223,7 +308,7 @@ class GoodputPolicy(BatchChoosingPolicy):
                 "noise_scale": phi, "noise_scale_point": note.get("noise_scale_point"),
                 "goodput": note.get("goodput"),
                 "efficiency": note.get("efficiency"), "adascale_gain": gain,
-                "noise_point": note.get("noise_point")}
+                "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share")}
 
 
 @register
@@ -241,9 +326,11 @@ class Goodput(SyncMode):
     options = (
         Option("batch_range", "--batch-range", metavar="MIN:MAX",
                help="the global batch sizes to choose from (default 64:1024)."),
-        Option("lr_scaling", "--lr-scaling", type=tuple(_lr.LR_SCALING),
+        Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
                help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear, sqrt (goodput's default), none."),
+                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
+                    "none, or adascale (goodput only, its default: AdaScale's gain from "
+                    "the measured noise scale)."),
         Option("goodput_model", "--goodput-model", type=GOODPUT_MODELS,
                help="the throughput model B is chosen with: hetero (default, the LB-BSP "
                     "makespan of the workers' time models) or homo (an equal split, as a "
@@ -257,12 +344,32 @@ class Goodput(SyncMode):
             _planner.parse_batch_range(opts["batch_range"])
         except _planner.PlanError as exc:
             return str(exc)
-        if _lr.rule_problem(opts["lr_scaling"]):
-            return _lr.rule_problem(opts["lr_scaling"])
+        if _lr.rule_problem(opts["lr_scaling"], "goodput"):
+            return _lr.rule_problem(opts["lr_scaling"], "goodput")
         if opts["goodput_model"] not in GOODPUT_MODELS:
             return (f"--goodput-model {opts['goodput_model']!r}: choose one of "
                     f"{', '.join(GOODPUT_MODELS)}")
         return None
+
+    # ---- the worker's half: the coordinator's learning-rate factors (adascale) ----------
+
+    def attach(self, sess) -> Dict[int, float]:
+        factors: Dict[int, float] = {}
+
+        def take(msg: dict) -> None:           # the session's receiving thread
+            t, f = msg.get("iteration"), msg.get("factor")
+            if isinstance(t, int) and isinstance(f, (int, float)) and math.isfinite(f) \
+                    and f > 0:
+                factors[t] = float(f)
+                for old in [k for k in factors if k < t - 4]:
+                    del factors[old]
+
+        sess.on(LR_MESSAGE, take)
+        return factors
+
+    def lr_factor(self, sess) -> Optional[float]:
+        factors = sess.mode_half
+        return factors.get(sess.iteration) if isinstance(factors, dict) else None
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
         return batch_range_problem(options.get("batch_range") or DEFAULTS["batch_range"],

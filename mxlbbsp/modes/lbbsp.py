@@ -58,7 +58,13 @@ class BatchChoosingPolicy(LBBSPPolicy):
     """The part that every mode choosing the global batch B(t) within ``--batch-range``
     shares (``courier``, ``goodput``): the range against the workers and the data, the first
     split, B kept within the rest of the epoch, the batches decided so far, the warm-up, and
-    the measured push/pull time. A subclass sets ``lo`` and ``hi`` and decides B in ``plan``.
+    the measured push/pull time. A subclass sets ``lo`` and ``hi`` and decides B in ``plan``;
+    ``_before_split`` is its say just before a split goes out (goodput: the learning rate).
+
+    The push/pull time of an iteration is the least any worker measured (``sync_s``): in
+    dist_sync every worker's push waits for the last worker's, so the others' times add the
+    wait for it (an imbalance, or a worker pausing, e.g. rank 0 evaluating untimed between
+    two iterations); the last worker to push waits for nobody.
     """
 
     #: weight of the newest push/pull time in its running mean
@@ -71,6 +77,8 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.trained = 0                 # samples of the iterations decided so far
         self.totals: Dict[int, int] = {}  # iteration -> B(t) as sent
         self.sync_s: Optional[float] = None
+        #: iteration -> [dones counted, the least push/pull time among them]
+        self._syncs: Dict[int, list] = {}
 
     def validate(self, hellos):
         n = self.num_workers
@@ -87,13 +95,21 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.totals[0] = B
         return _split.equal_split(B, self.num_workers)
 
+    @property
+    def least(self) -> int:
+        """The smallest global batch that can be split: every worker its least local batch
+        (``--min-batch-size``; 8 by default once a worker reports BatchNorm layers)."""
+        return self.num_workers * max(int(self.coordinator.balancer.min_batch), 1)
+
     def _cap(self, B: int, cap: Optional[int]) -> int:
-        """B within the rest of the epoch (``cap``): a rest smaller than the number of
-        workers could not be split, so it joins this batch."""
+        """B, at least :attr:`least`, within the rest of the epoch (``cap``): a rest smaller
+        than :attr:`least` could not be split, so it joins this batch."""
+        least = self.least
+        B = max(B, least)
         if cap is None:
             return B
         B = min(B, cap)
-        if 0 < cap - B < self.num_workers:
+        if 0 < cap - B < least:
             B = cap
         return B
 
@@ -111,20 +127,38 @@ class BatchChoosingPolicy(LBBSPPolicy):
         if current is not None and int(current.sum()) != B:
             current = _split.rescale(current, B)
         sizes = self.coordinator.balancer.allocate(model, B, current)
+        self._before_split(t + 1, sizes)
         self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         return sizes
 
+    def _before_split(self, iteration: int, sizes) -> None:
+        """Just before the split of ``iteration`` is sent (a subclass's messages go first,
+        so a worker has them once it has its slice)."""
+
     def warmup(self, t, next_B, current):
         B = self._cap(self.totals.get(t, int(current.sum())), next_B)
         sizes = _split.rescale(current, B)
+        self._before_split(t + 1, sizes)
         self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)
         return sizes
 
     def on_done(self, rank, msg):
+        t = int(msg["iteration"])
+        if t < self.coordinator.config.warmup:
+            return
         s = msg.get("sync_s")
-        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 \
-                and int(msg["iteration"]) >= self.coordinator.config.warmup:
+        seen = self._syncs.setdefault(t, [0, math.inf])
+        seen[0] += 1
+        if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
+            seen[1] = min(seen[1], float(s))
+        if seen[0] < self.num_workers:
+            return
+        del self._syncs[t]
+        for old in [k for k in self._syncs if k < t - 64]:
+            del self._syncs[old]
+        s = seen[1]
+        if math.isfinite(s):
             self.sync_s = s if self.sync_s is None else \
                 self.sync_s + self.SYNC_ALPHA * (s - self.sync_s)

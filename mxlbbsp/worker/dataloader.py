@@ -23,8 +23,9 @@ from mxnet import context, gluon
 from mxnet.gluon.data import dataloader as _gdl
 
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import split as _split
-from mxlbbsp.core.planner import schedule_from_metrics
+from mxlbbsp.core.planner import replay_from_metrics
 from mxlbbsp.worker import checkpoint as _ckpt
 from mxlbbsp.worker import session as _session
 
@@ -53,8 +54,10 @@ class DataLoader:
         Replay, in a single process, the global batch sizes B(0), B(1), ... of a job whose
         coordinator chose them (``--sync courier``): each global batch is cut from the
         epoch's permutation right after the previous one, exactly as that job cut them.
-        ``mxlbbsp.core.planner.schedule_from_metrics(path)`` reads them from its metrics. Also
-        read from ``MXLBBSP_BATCH_SCHEDULE`` (a metrics file) when not given.
+        Given as the job's metrics file (a path), the learning-rate factor of each iteration
+        is the one the job recorded (``lr_factor``: ``--lr-scaling adascale`` needs it);
+        given as sizes, the ``--lr-scaling`` rule's (``MXLBBSP_LR_SCALING``). Also read from
+        ``MXLBBSP_BATCH_SCHEDULE`` (a metrics file) when not given.
 
     Outside a job started by ``mxlbbsp launch``, every batch is the whole global batch.
     In a sync mode whose coordinator sets the global batch (``courier``), global batch t has
@@ -75,12 +78,17 @@ class DataLoader:
             raise ValueError("max_batch_size must be >= 1")
         if batch_schedule is None:
             batch_schedule = _env.batch_schedule()
+        self._lr_factors = None
         if isinstance(batch_schedule, str):
-            batch_schedule = schedule_from_metrics(batch_schedule)
+            batch_schedule, self._lr_factors = replay_from_metrics(batch_schedule)
         if batch_schedule is not None:
             batch_schedule = [int(b) for b in batch_schedule]
             if not batch_schedule or min(batch_schedule) < 1:
                 raise ValueError("batch_schedule must be a non-empty list of positive sizes")
+            if self._lr_factors is None and _env.lr_scaling() == _lr.ADASCALE:
+                raise ValueError("--lr-scaling adascale: the learning-rate factors came from "
+                                 "the job's coordinator; give batch_schedule as the job's "
+                                 "metrics file, which records them")
         self._schedule = batch_schedule
         self._dataset = dataset
         self._size = len(dataset)
@@ -163,6 +171,8 @@ class DataLoader:
             self._listening = True
         if sess.sets_batch or self._schedule is not None:
             sess.replaying = self._schedule is not None and not sess.coordinated
+            if sess.replaying:
+                sess.lr_schedule = self._lr_factors
             yield from self._iter_following(sess)
             return
         order = self._order(self._epoch)

@@ -16,10 +16,17 @@ def num_classes(name: str) -> int:
 
 
 def load(name: str, data_dir: Optional[str] = None, samples: int = 4096,
-         image_shape="3,32,32", seed: int = 0) -> Tuple[gluon.data.Dataset, Optional[gluon.data.Dataset]]:
-    """(train, test) data sets by name; raises ValueError with what to do on bad input."""
+         image_shape="3,32,32", seed: int = 0,
+         noise: float = 1.0) -> Tuple[gluon.data.Dataset, Optional[gluon.data.Dataset]]:
+    """(train, test) data sets by name; raises ValueError with what to do on bad input.
+    ``synthetic``: ``samples`` training images and samples // 8 test images of the same
+    classes, ``noise`` times as much noise as template (see :func:`synthetic`)."""
     if name == "synthetic":
-        return synthetic(samples, _shape(image_shape), seed=seed), None
+        if not (noise > 0 and np.isfinite(noise)):
+            raise ValueError(f"synthetic noise {noise!r} must be a positive number")
+        shape = _shape(image_shape)
+        return (synthetic(samples, shape, seed=seed, noise=noise),
+                synthetic_test(max(samples // 8, 1), shape, seed=seed, noise=noise))
     if name == "digits":
         return digits(seed=seed)
     if name == "cifar10":
@@ -46,14 +53,28 @@ def _dataset(x: np.ndarray, y: np.ndarray) -> gluon.data.ArrayDataset:
     return gluon.data.ArrayDataset(nd.array(x.astype(np.float32)), nd.array(y.astype(np.float32)))
 
 
-def synthetic(samples: int, shape=(3, 32, 32), classes: int = 10, seed: int = 0):
+def synthetic(samples: int, shape=(3, 32, 32), classes: int = 10, seed: int = 0,
+              noise: float = 1.0):
     """Random images: each class has a fixed random template, and an image is its class's
-    template plus as much noise again (learnable in a few dozen iterations)."""
+    template plus ``noise`` times as much noise (at 1, learnable in a few dozen
+    iterations; more noise, a harder task)."""
     rng = np.random.default_rng(seed)
     templates = rng.standard_normal((classes,) + tuple(shape)).astype(np.float32)
-    y = rng.integers(0, classes, samples)
-    x = (templates[y] + rng.standard_normal((samples,) + tuple(shape))).astype(np.float32)
-    return _dataset(x, y)
+    return _dataset(*_noisy(rng, templates, samples, noise))
+
+
+def synthetic_test(samples: int, shape=(3, 32, 32), classes: int = 10, seed: int = 0,
+                   noise: float = 1.0):
+    """Held-out images of :func:`synthetic`'s classes (the same templates, other noise)."""
+    rng = np.random.default_rng(seed)
+    templates = rng.standard_normal((classes,) + tuple(shape)).astype(np.float32)
+    return _dataset(*_noisy(np.random.default_rng([seed, 1]), templates, samples, noise))
+
+
+def _noisy(rng, templates: np.ndarray, samples: int, noise: float):
+    y = rng.integers(0, len(templates), samples)
+    x = templates[y] + float(noise) * rng.standard_normal((samples,) + templates.shape[1:])
+    return x.astype(np.float32), y
 
 
 def digits(seed: int = 0, test_fraction: float = 0.2):

@@ -36,10 +36,10 @@ from typing import Callable, Dict, List, Optional
 
 from mxlbbsp import modes as _modes
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core import split as _split
-from mxlbbsp.core.lr import LR_SCALING
 from mxlbbsp.core.slowdown import Schedule
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,9 @@ class Session:
         self.sets_batch = self.mode.sets_batch
         #: a single process replays recorded global batch sizes (DataLoader batch_schedule)
         self.replaying = False
+        #: a replay's learning-rate factor of each iteration, as its job recorded them
+        #: (DataLoader batch_schedule from a metrics file); None: the rule's
+        self.lr_schedule: Optional[List[float]] = None
         self.lr_scaling = _env.lr_scaling(env)
         self.host = _env.host(env)
         self.slowdown = Schedule.decode(_env.slowdown(env))
@@ -368,11 +371,17 @@ class Session:
 
     def lr_factor(self) -> float:
         """How much the learning rate of this iteration is scaled: 1, unless the global
-        batch is chosen as the job runs (``--lr-scaling`` rule of B(t) / B0, B0 the
-        DataLoader's global_batch_size)."""
+        batch is chosen as the job runs: the factor the coordinator sent for it (goodput's
+        ``--lr-scaling adascale``), else the rule of B(t) / B0 (B0 the DataLoader's
+        global_batch_size); in a replay from a metrics file, the factor the job recorded."""
         if not (self.sets_batch or self.replaying) or self.batch_global <= 0:
             return 1.0
-        return float(LR_SCALING[self.lr_scaling](self.batch_global / self.global_batch_size))
+        if self.replaying and self.lr_schedule is not None:
+            return self.lr_schedule[self.iteration]
+        given = self.mode.lr_factor(self) if self.coordinated else None
+        if given is not None:
+            return given
+        return _lr.factor(self.lr_scaling, self.batch_global / self.global_batch_size)
 
     # ---- measurements -------------------------------------------------------------------
 
