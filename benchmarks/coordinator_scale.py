@@ -431,18 +431,19 @@ PHASES = {"frames (all)": (None, "on_frame"), "lines (all)": (None, "on_line"),
 
 def _instrument(coord) -> Dict[str, List[float]]:
     """Wrap the coordinator's phases with timers (diagnostics only: it patches the instance,
-    never the library). Returns phase -> list of seconds per call."""
+    never the library). Returns phase -> list of seconds per call: the calling thread's CPU
+    time (time.thread_time), which the other processes of a shared machine do not stretch."""
     spent: Dict[str, List[float]] = {k: [] for k in PHASES}
     for phase, (owner, method) in PHASES.items():
         target = coord if owner is None else getattr(coord, owner)
         inner = getattr(target, method)
 
         def timed(*a, _inner=inner, _log=spent[phase], **kw):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             try:
                 return _inner(*a, **kw)
             finally:
-                _log.append(time.perf_counter() - t0)
+                _log.append(time.thread_time() - t0)
         setattr(target, method, timed)
     return spent
 
@@ -719,12 +720,14 @@ def _breakdown_table(breakdowns: dict) -> str:
             "|---" * (len(phases) + 1) + "|"]
     for key, b in breakdowns.items():
         rows.append(f"| {key} | " + " | ".join(f"{b[p]:.2f}" for p in phases) + " |")
-    return ("\n\nWhere the coordinator's time goes (median ms per iteration, timers around "
-            "its methods in a separate run; 'on_iteration' runs from the last report to the "
-            "end of the predictor's training step, which comes after the allocations are "
-            "sent; it contains the predictor, allocate and send allocations columns, and the "
-            "critical path is the part up to the end of 'send allocations'; 'on_report' and "
-            "'on_done' are summed over the n messages):\n\n"
+    return ("\n\nWhere the coordinator's time goes (median ms of its thread's CPU per "
+            "iteration, timers around its methods in a separate run; 'frames (all)' and 'lines "
+            "(all)' are every frame (relays) and line (workers connected directly) handled, "
+            "per iteration, 'decide' among them; 'decide' runs from the last report to the "
+            "end of the predictor's training step ('predictor learn'), which comes after the "
+            "allocations are sent; it holds the 'speed model' (the fit, the regime and the "
+            "predictor's observe and predict), 'allocate' and 'send allocations'; the "
+            "critical path is the part of it up to the end of 'send allocations'):\n\n"
             + "\n".join(rows))
 
 

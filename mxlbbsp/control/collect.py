@@ -29,14 +29,13 @@ class WorkerError(P.ProtocolError):
 class _Reports:
     """Iteration t's reports so far."""
 
-    __slots__ = ("columns", "seen", "count", "next_B", "samples")
+    __slots__ = ("columns", "seen", "count", "samples")
 
     def __init__(self, n: int, width: int):
-        #: per worker [batch, compute_s, the --exog columns...]
+        #: per worker [batch, compute_s, the --exog columns..., next_global_batch]
         self.columns = np.full((n, width), np.nan)
         self.seen = np.zeros(n, dtype=bool)
         self.count = 0
-        self.next_B: Optional[int] = None     # rank 0's next_global_batch
         self.samples = 0
 
 
@@ -46,7 +45,9 @@ class Collector:
     def __init__(self, num_workers: int, exog: Sequence[str]):
         self.n = num_workers
         self.exog = tuple(exog)
-        self._width = 2 + max(len(self.exog), 1)
+        # the fields read from every report; with no --exog the predictor still gets one
+        # column, of NaN (a name no report has)
+        self._keys = ("batch_size", "compute_s") + (self.exog or ("",)) + ("next_global_batch",)
         self._reports: Dict[int, _Reports] = {}
         self._dones: Dict[int, np.ndarray] = {}
         self._samples: Dict[int, int] = {}        # iteration -> its samples (all reports)
@@ -55,55 +56,64 @@ class Collector:
 
     def reports(self, rows) -> Optional[Tuple[int, Optional[int], np.ndarray]]:
         """Take a batch of reports (WorkerError for a malformed one); (t, rank 0's
-        next_global_batch, the columns) once all n reports of t are in, else None."""
+        next_global_batch, the columns [batch, compute_s, the --exog columns...]) once all n
+        reports of t are in, else None."""
         t, ranks = rows.iteration, rows.ranks
-        batch = rows.floats("batch_size") if rows.kind("batch_size") == "i" else None
-        compute = rows.floats("compute_s") if rows.kind("compute_s") in ("f", "i") else None
-        ok = np.ones(len(ranks), dtype=bool)
-        if batch is not None:
-            ok &= batch >= 1
-        if compute is not None:
-            ok &= compute > 0
-        if batch is None or compute is None or not ok.all():
-            i = int(np.argmin(ok)) if batch is not None and compute is not None else 0
-            rank = int(ranks[i])
-            msg = rows.dicts()[i]
-            raise WorkerError(rank, f"report of iteration {t} has batch_size="
-                                    f"{msg.get('batch_size')}, compute_s={msg.get('compute_s')}")
+        if rows.kind("batch_size") != "i" or rows.kind("compute_s") not in ("f", "i"):
+            self._bad(rows, t)
         try:
-            exog = [rows.floats(c) for c in self.exog]
+            values = rows.matrix(self._keys)
         except (ValueError, TypeError):
-            for rank, msg in zip(ranks.tolist(), rows.dicts()):
-                for c in self.exog:
-                    value = msg.get(c)
-                    if value is not None and not isinstance(value, (int, float)):
-                        raise WorkerError(rank, f"report of iteration {t} has {c}={value!r}, "
-                                                "not a number") from None
+            self._bad_number(rows, t)
             raise
+        batch = values[0]
+        low = values[:2].min(axis=1).tolist()
+        if not (low[0] >= 1 and low[1] > 0):                     # NaN: not > 0
+            self._bad(rows, t)
         last = self.last_report
         last[ranks] = np.maximum(last[ranks], t)
         it = self._reports.get(t)
         if it is None:
-            it = self._reports[t] = _Reports(self.n, self._width)
-        columns = it.columns
-        columns[ranks, 0] = batch
-        columns[ranks, 1] = compute
-        for j, values in enumerate(exog):
-            columns[ranks, 2 + j] = values
-        fresh = ~it.seen[ranks]
-        it.seen[ranks] = True
-        it.count += int(fresh.sum())
-        it.samples += int(batch[fresh].sum())
-        zero = np.flatnonzero(ranks == 0)
-        if len(zero):
-            it.next_B = rows.values("next_global_batch")[int(zero[0])]
+            it = self._reports[t] = _Reports(self.n, len(self._keys))
+        seen = it.seen
+        if seen[ranks].any():                   # a worker's second report of t: counted once
+            fresh = ~seen[ranks]
+            it.count += int(fresh.sum())
+            it.samples += int(batch[fresh].sum())
+        else:
+            it.count += len(ranks)
+            it.samples += int(batch.sum())
+        seen[ranks] = True
+        it.columns[ranks] = values.T
         if it.count < self.n:
             return None
         del self._reports[t]
         self._samples[t] = it.samples
         for old in [k for k in self._samples if k < t - 64]:
             del self._samples[old]
-        return t, it.next_B, columns
+        columns = it.columns
+        next_B = columns[0, -1]
+        return t, (int(next_B) if next_B == next_B else None), columns[:, :-1]
+
+    @staticmethod
+    def _bad(rows, t: int) -> None:
+        """WorkerError naming the first worker whose report is out of bounds."""
+        for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+            batch, compute = msg.get("batch_size"), msg.get("compute_s")
+            if not (type(batch) is int and batch >= 1 and isinstance(compute, (int, float))
+                    and not isinstance(compute, bool) and compute > 0):
+                raise WorkerError(rank, f"report of iteration {t} has batch_size={batch}, "
+                                        f"compute_s={compute}")
+        raise WorkerError(int(rows.ranks[0]), f"report of iteration {t}: a malformed report")
+
+    def _bad_number(self, rows, t: int) -> None:
+        """WorkerError naming the first worker whose --exog field is not a number."""
+        for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+            for c in self.exog:
+                value = msg.get(c)
+                if value is not None and not isinstance(value, (int, float)):
+                    raise WorkerError(rank, f"report of iteration {t} has {c}={value!r}, "
+                                            "not a number") from None
 
     def dones(self, rows) -> Optional[int]:
         """Take a batch of dones; the samples of iteration t once all n dones of t are in,

@@ -123,10 +123,22 @@ class RelayLink:
         self.transport = conn.transport
         self.ranks: List[int] = []
         self.ranks_array = np.zeros(0, dtype=np.int64)
+        self._mask: Optional[np.ndarray] = None
 
     def add(self, rank: int) -> None:
         self.ranks.append(rank)
         self.ranks_array = np.array(sorted(self.ranks), dtype=np.int64)
+        self._mask = None
+
+    def serves(self, ranks: np.ndarray) -> bool:
+        """Whether every one of ``ranks`` registered through this relay."""
+        if self._mask is None:
+            self._mask = np.zeros(self.ranks_array[-1] + 1 if self.ranks else 0, dtype=bool)
+            self._mask[self.ranks_array] = True
+        try:
+            return bool(self._mask[ranks].all()) and (len(ranks) == 0 or ranks.min() >= 0)
+        except IndexError:
+            return False
 
     def describe(self) -> str:
         return f"the relay of host {self.host}"
@@ -152,6 +164,52 @@ class ViaRelay:
             self.relay.transport.write(F.rank_frame(F.CLOSE, self.rank))
 
 
+class _Slices:
+    """Every relay's SLICES frame of an iteration, written in arrays: one int64 buffer holds
+    all the frames one after the other (their fixed words written once per registration),
+    each iteration fills in the iteration, the total and every worker's offset and size in
+    three indexed assignments, and each relay gets its part of the buffer's bytes."""
+
+    def __init__(self):
+        self.layout = None
+
+    def _build(self, relays: List["RelayLink"]) -> tuple:
+        words, bounds, ranks, head, offsets, sizes = [], [], [], [], [], []
+        at = 0
+        for relay in relays:
+            k = len(relay.ranks_array)
+            n_words = 1 + 3 + 3 * k                 # frame header, head, three columns
+            block = np.zeros(n_words, dtype="<i8")
+            block[0] = F.SLICES | ((n_words - 1) * 8) << 32     # kind u8, 3 pad, length u32
+            block[3] = k
+            block[4:4 + k] = relay.ranks_array
+            words.append(block)
+            bounds.append((8 * at, 8 * (at + n_words)))
+            head.append(at + 1)
+            ranks.append(relay.ranks_array)
+            offsets.append(at + 4 + k + np.arange(k))
+            sizes.append(at + 4 + 2 * k + np.arange(k))
+            at += n_words
+        cat = (lambda parts, dtype=np.intp: np.concatenate(parts).astype(dtype)
+               if parts else np.zeros(0, dtype=dtype))
+        return (np.concatenate(words) if words else np.zeros(0, dtype="<i8"), bounds,
+                np.array(head, dtype=np.intp), cat(ranks), cat(offsets), cat(sizes))
+
+    def send(self, relays: List["RelayLink"], iteration: int, total: int,
+             offsets: np.ndarray, sizes: np.ndarray) -> None:
+        if self.layout is None:
+            self.layout = self._build(relays)
+        buffer, bounds, head, ranks, at_offsets, at_sizes = self.layout
+        buffer[head] = iteration
+        buffer[head + 1] = total
+        buffer[at_offsets] = offsets[ranks]
+        buffer[at_sizes] = sizes[ranks]
+        data = memoryview(buffer.tobytes())
+        for relay, (start, end) in zip(relays, bounds):
+            if end - start > 32 and not relay.transport.is_closing():
+                relay.transport.write(data[start:end])
+
+
 class Links:
     """The registered workers' writers (rank -> a transport, or :class:`ViaRelay`), the
     relays, and the refusals.
@@ -165,6 +223,7 @@ class Links:
         #: per rank: the index of its relay, -1 for a worker connected directly (or none)
         self.owner = np.full(num_workers, -1, dtype=np.int64)
         self._direct: List[int] = []            # ranks connected directly, in rank order
+        self._slices = _Slices()
         self.refused = 0                         # connections refused before a hello
         self._refusals_unshown = 0
         self._refusal_timer = None
@@ -176,10 +235,12 @@ class Links:
         else:
             relay.add(rank)
             self.owner[rank] = relay.index
+            self._slices.layout = None
 
     def add_relay(self, conn: Connection, host: str, workers: int) -> RelayLink:
         link = RelayLink(len(self.relays), conn, host, workers)
         self.relays.append(link)
+        self._slices.layout = None
         return link
 
     def send(self, rank: int, msg: dict) -> None:
@@ -211,11 +272,8 @@ class Links:
                 w = writers.get(rank)
                 if w is not None and not w.is_closing():
                     w.write(line(iteration, starts[rank], counts[rank], total))
-        for relay in self.relays:
-            ranks = relay.ranks_array
-            if len(ranks) and not relay.transport.is_closing():
-                relay.transport.write(F.slices_frame(iteration, total, ranks, offsets[ranks],
-                                                     sizes[ranks]))
+        if self.relays:
+            self._slices.send(self.relays, iteration, total, offsets, sizes)
 
     def close_all(self) -> None:
         for rank in self._direct:

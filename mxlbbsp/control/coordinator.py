@@ -300,9 +300,7 @@ class Coordinator:
         try:
             if kind == F.ROWS:
                 rows = F.decode_rows(body, time.time())
-                ranks = rows.ranks
-                if len(ranks) and (ranks.min() < 0 or ranks.max() >= self.config.num_workers
-                                   or (self.links.owner[ranks] != relay.index).any()):
+                if not relay.serves(rows.ranks):
                     raise F.FrameError("a section of workers it does not serve")
                 self._on_rows(rows)
             elif kind in (F.FORWARD, F.LOST):

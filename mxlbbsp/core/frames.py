@@ -169,13 +169,51 @@ def encode_rows(items: Sequence[Tuple[int, dict, float]]) -> List[bytes]:
     return out
 
 
-#: the names of a section, parsed once per distinct names block (a relay sends the same
-#: few again and again)
-_NAMES: Dict[bytes, tuple] = {}
+class _Signature:
+    """The columns of a section, parsed once per distinct names block (a relay sends the
+    same few again and again): their names and kinds, where each numeric one sits in the
+    int64 block, and the plans of :meth:`Rows.matrix` made for it."""
+
+    __slots__ = ("keys", "kinds", "where", "numeric", "plans")
+
+    def __init__(self, keys: tuple, kinds: str):
+        self.keys, self.kinds = keys, kinds
+        self.where: Dict[str, Tuple[Optional[int], str]] = {}
+        j = 2
+        for key, kind in zip(keys, kinds):
+            self.where[key] = (j, kind) if kind in "ifb" else (None, kind)
+            j += kind in "ifb"
+        self.numeric = j - 2
+        self.plans: Dict[tuple, tuple] = {}
+
+    def plan(self, keys: tuple) -> tuple:
+        """How :meth:`Rows.matrix` reads ``keys``: (positions of the float rows, their rows in
+        the block; of the integer rows, theirs; the positions of the rows of NaN; the JSON
+        ones), None when a key is of kind ``j``."""
+        got = self.plans.get(keys)
+        if got is None:
+            parts: Tuple[list, list, list, list, list, list] = ([], [], [], [], [], [])
+            for i, key in enumerate(keys):
+                j, kind = self.where.get(key, (None, "n"))
+                if kind == "f":
+                    parts[0].append(i)
+                    parts[1].append(j)
+                elif kind in "ib":
+                    parts[2].append(i)
+                    parts[3].append(j)
+                elif kind == "n":
+                    parts[4].append(i)
+                else:
+                    parts[5].append(i)
+            got = self.plans[keys] = tuple(np.array(x, dtype=np.intp) for x in parts)
+        return got
 
 
-def _names(blob: bytes) -> tuple:
-    got = _NAMES.get(blob)
+_SIGNATURES: Dict[bytes, _Signature] = {}
+
+
+def _signature(blob: bytes) -> _Signature:
+    got = _SIGNATURES.get(blob)
     if got is None:
         try:
             items = blob.rstrip(b"\0").decode().split("\0") if blob.strip(b"\0") else []
@@ -186,72 +224,67 @@ def _names(blob: bytes) -> tuple:
         keys = tuple(x[1:] for x in items)
         if len(set(keys)) != len(keys) or "type" in keys or "iteration" in keys:
             raise FrameError("a section names a column twice")
-        got = (keys, "".join(x[0] for x in items))
-        if len(_NAMES) > 256:
-            _NAMES.clear()
-        _NAMES[blob] = got
+        got = _Signature(keys, "".join(x[0] for x in items))
+        if len(_SIGNATURES) > 256:
+            _SIGNATURES.clear()
+        _SIGNATURES[blob] = got
     return got
 
 
-def decode_rows(body, received: float) -> "Rows":
+def decode_rows(body: bytes, received: float) -> "Rows":
     """A ROWS frame's body as :class:`Rows`; ``received``: when it was read (time.time())."""
     try:
         what, ncols, k, t, names_len = _ROWS_HEAD.unpack_from(body)
         at = _ROWS_HEAD.size
-        keys, kinds = _names(bytes(body[at:at + names_len]))
+        sig = _signature(body[at:at + names_len])
         at += names_len + _pad(names_len)
-        if len(keys) != ncols or what >= len(BATCHED):
+        if len(sig.keys) != ncols or what >= len(BATCHED):
             raise FrameError("a section whose head and names disagree")
-        numeric = sum(c in "ifb" for c in kinds)
-        block = np.frombuffer(body, "<i8", (2 + numeric) * k, at).reshape(2 + numeric, k)
+        block = np.frombuffer(body, "<i8", (2 + sig.numeric) * k, at).reshape(-1, k)
         at += block.nbytes
         texts: Dict[str, list] = {}
-        for key, kind in zip(keys, kinds):
-            if kind == "j":
-                lengths = np.frombuffer(body, "<i8", k, at).tolist()
-                at += 8 * k
-                if min(lengths, default=0) < 0:
-                    raise FrameError("a negative length")
-                cells, pos = [], at
-                for n in lengths:
-                    cells.append(bytes(body[pos:pos + n]))
-                    pos += n
-                texts[key] = cells
-                at = pos + _pad(pos - at)
+        if "j" in sig.kinds:
+            for key, kind in zip(sig.keys, sig.kinds):
+                if kind == "j":
+                    lengths = np.frombuffer(body, "<i8", k, at).tolist()
+                    at += 8 * k
+                    if min(lengths, default=0) < 0:
+                        raise FrameError("a negative length")
+                    cells, pos = [], at
+                    for n in lengths:
+                        cells.append(body[pos:pos + n])
+                        pos += n
+                    texts[key] = cells
+                    at = pos + _pad(pos - at)
         if at != len(body):
             raise FrameError("a section of the wrong length")
     except (struct.error, ValueError) as exc:
         raise FrameError(f"a malformed section ({exc})") from None
-    rows = Rows(BATCHED[what], int(t), block[0], keys, kinds)
+    rows = Rows(BATCHED[what], t, block[0], sig)
     rows.received = received - block[1].view("<f8")
-    j = 2
-    for key, kind in zip(keys, kinds):
-        if kind in "ifb":
-            rows.columns[key] = block[j].view("<f8") if kind == "f" else block[j]
-            j += 1
-        elif kind == "j":
-            rows.columns[key] = texts[key]
+    rows._block, rows._texts = block, texts
     return rows
 
 
 class Rows:
-    """Reports, or dones, of one iteration from some workers, as columns: the batch the
-    coordinator handles as arrays (one frame of a relay, or one message of a worker
-    connected directly: :meth:`from_messages`).
+    """Reports, or dones, of one iteration from some workers: the batch the coordinator
+    handles as arrays (one section of a relay, or one message of a worker connected
+    directly: :meth:`from_messages`).
 
-    ``ranks`` (int64), ``received`` (float64: when each message reached the first of mxlbbsp's
-    processes it went through, time.time()); ``columns``: field name -> an int64 array
-    (kind ``i``, and ``b`` as 0/1), a float64 array (``f``), or a list of JSON texts
-    (``j``); a field of kind ``n`` (null in every row) has no column.
+    ``ranks`` (int64), ``received`` (float64: when each message reached the first of
+    mxlbbsp's processes it went through, time.time()); the fields as columns
+    (:meth:`matrix`, :meth:`floats`, :meth:`values`) or as the messages (:meth:`dicts`).
     """
 
-    __slots__ = ("what", "iteration", "ranks", "keys", "kinds", "columns", "received",
+    __slots__ = ("what", "iteration", "ranks", "received", "_sig", "_block", "_texts",
                  "_dicts")
 
-    def __init__(self, what: str, iteration: int, ranks: np.ndarray, keys: tuple, kinds: str):
+    def __init__(self, what: str, iteration: int, ranks: np.ndarray,
+                 sig: Optional[_Signature] = None):
         self.what, self.iteration, self.ranks = what, iteration, ranks
-        self.keys, self.kinds = keys, kinds
-        self.columns: Dict[str, object] = {}
+        self._sig = sig
+        self._block: Optional[np.ndarray] = None
+        self._texts: Dict[str, list] = {}
         self.received: Optional[np.ndarray] = None
         self._dicts: Optional[List[dict]] = None
 
@@ -265,7 +298,7 @@ class Rows:
         report with its ``time``, ``received``). Their fields are read as they are asked
         for."""
         msg0 = messages[0]
-        rows = cls(msg0["type"], msg0["iteration"], np.asarray(ranks, dtype=np.int64), (), "")
+        rows = cls(msg0["type"], msg0["iteration"], np.asarray(ranks, dtype=np.int64))
         rows.received = np.full(len(messages), received)
         if rows.what == P.REPORT:
             for msg in messages:
@@ -274,47 +307,57 @@ class Rows:
         return rows
 
     def kind(self, key: str) -> Optional[str]:
-        """The kind of field ``key`` (None: absent)."""
-        if self._dicts is not None and not self.keys:
-            kinds = {_kind(m.get(key)) if key in m else None for m in self._dicts}
+        """The kind of field ``key`` (None: absent; ``j`` for anything but one number kind
+        in every row)."""
+        if self._sig is None:
+            kinds = {_kind(m[key]) if key in m else None for m in self._dicts}
             return kinds.pop() if len(kinds) == 1 else "j"
-        try:
-            return self.kinds[self.keys.index(key)]
-        except ValueError:
-            return None
+        return self._sig.where.get(key, (None, None))[1]
 
     def values(self, key: str) -> list:
         """Field ``key`` of every row as Python values (None: null or absent)."""
-        if self._dicts is not None and not self.keys:
+        if self._sig is None:
             return [m.get(key) for m in self._dicts]
-        kind = self.kind(key)
-        column = self.columns.get(key)
-        if kind is None or kind == "n":
+        j, kind = self._sig.where.get(key, (None, "n"))
+        if kind == "n":
             return [None] * len(self)
         if kind == "j":
-            return [json.loads(x) for x in column]
-        values = column.tolist()
+            return [json.loads(x) for x in self._texts[key]]
+        values = self._block[j].view("<f8") if kind == "f" else self._block[j]
+        values = values.tolist()
         return [bool(x) for x in values] if kind == "b" else values
 
     def floats(self, key: str) -> np.ndarray:
         """Field ``key`` as floats (NaN: null or absent); ValueError/TypeError for a value
         that is not a number."""
-        if not self.keys and self._dicts is not None:
-            return np.array([_nan(m.get(key)) for m in self._dicts], dtype=float)
-        kind = self.kind(key)
-        if kind in ("f", "i", "b"):
-            return self.columns[key].astype(float) if kind != "f" else self.columns[key]
-        if kind is None or kind == "n":
-            return np.full(len(self), np.nan)
-        return np.array([_nan(v) for v in self.values(key)], dtype=float)
+        return self.matrix((key,))[0]
+
+    def matrix(self, keys: tuple) -> np.ndarray:
+        """Fields ``keys`` as a (len(keys), rows) float array (NaN: null or absent; a bool
+        as 0/1); ValueError/TypeError for a value that is not a number."""
+        if self._sig is None:
+            return np.array([[_nan(m.get(key)) for m in self._dicts] for key in keys],
+                            dtype=float)
+        fpos, frows, ipos, irows, npos, jpos = self._sig.plan(keys)
+        out = np.empty((len(keys), len(self)))
+        if len(fpos):
+            out[fpos] = self._block[frows].view("<f8")
+        if len(ipos):
+            out[ipos] = self._block[irows]
+        if len(npos):
+            out[npos] = np.nan
+        for i in jpos.tolist():
+            out[i] = [_nan(v) for v in self.values(keys[i])]
+        return out
 
     def dicts(self) -> List[dict]:
         """Every row as the message it was (``type``, ``iteration``, then its fields; a
         report also with its ``time``, when it reached mxlbbsp)."""
         if self._dicts is None:
-            keys = ("type", "iteration") + self.keys
-            columns = [[self.what] * len(self), [self.iteration] * len(self)]
-            columns += [self.values(key) for key in self.keys]
+            k = len(self)
+            keys = ("type", "iteration") + self._sig.keys
+            columns = [[self.what] * k, [self.iteration] * k]
+            columns += [self.values(key) for key in self._sig.keys]
             if self.what == P.REPORT:
                 keys += ("time",)
                 columns.append(self.received.tolist())
