@@ -125,7 +125,9 @@ class Supervisor:
         """Every worker exited 0: the servers and the scheduler end once the workers have
         finalised (10 s in all); the summary; 0."""
         deadline = time.monotonic() + 10.0
-        for p in self.roles.relays + self.roles.servers + [self.roles.scheduler]:
+        # (a relay ends by itself once its workers have, or is stopped with the job: a
+        # script without mxlbbsp's loader never connects to it)
+        for p in self.roles.servers + [self.roles.scheduler]:
             p.wait(max(0.0, deadline - time.monotonic()))
         job = self.job
         elapsed = time.monotonic() - (job.since if job.since is not None else self.started)
