@@ -1,5 +1,8 @@
 """Coordinator scale: the real coordinator with 16 to 1024 simulated workers over loopback.
 
+(About 740 lines: the simulated workers, one measurement, its side-by-side runs and their
+tables are one experiment; the emulated hosts' relays are in _hosts.py.)
+
 The coordinator is ``mxlbbsp.control.coordinator.Coordinator`` exactly as ``mxlbbsp launch`` runs it
 (its own thread and asyncio loop in this process; ``lbbsp``, the default predictor and time
 model, a metrics file). The workers are light clients that speak ``mxlbbsp.core.protocol``:

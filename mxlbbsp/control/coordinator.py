@@ -24,12 +24,13 @@ frames.Rows`), handled as arrays: a relay's section, or one message of a worker 
 directly; every other message as the worker sent it.
 
 The rooms: :mod:`.connection` (the peers' connections, refusals, what is written to them),
-:mod:`.collect` (each iteration's reports and dones as arrays), :mod:`.speed` (predictor,
+:mod:`.inbox` (what comes in on them: hellos, lines, frames, dispatched to the handlers
+here), :mod:`.collect` (each iteration's reports and dones as arrays), :mod:`.speed` (predictor,
 time-model fit, the ``auto`` regime), :mod:`.recorder` (metrics records, totals, written by
 a thread of their own), :mod:`.registration` (the checks of the workers' hellos); this
-module is the message flow, the lifecycle and the checkpoint state that ties them together.
-(About 500 lines: the message handlers share one state, which worker has sent what of which
-iteration, and read best side by side.)
+module is the iteration flow, the lifecycle and the checkpoint state that ties them
+together. (About 450 lines: the message handlers share one state, which worker has sent what
+of which iteration, and read best side by side.)
 
 No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
 """
@@ -45,13 +46,13 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mxlbbsp import modes as _modes
-from mxlbbsp.control.collect import Collector, WorkerError
+from mxlbbsp.control.collect import Collector
 from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
-from mxlbbsp.control.connection import Connection, Links, ViaRelay
+from mxlbbsp.control.connection import Connection, Links
+from mxlbbsp.control.inbox import Inbox
 from mxlbbsp.control.recorder import Recorder
 from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
 from mxlbbsp.control.speed import SpeedModel
-from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
 from mxlbbsp.core.store import save_coordinator
@@ -60,18 +61,14 @@ log = logging.getLogger(__name__)
 
 #: how many iterations' allocation latencies the coordinator keeps
 ALLOC_LATENCY_KEPT = 100_000
-#: how long a relay may hold back a section until every worker of its host has sent its part,
-#: in a mode with a barrier per iteration (where the coordinator waits for every worker
-#: anyway); 0 in the others (a relay then sends what it has read at once)
-RELAY_HOLD_S = 0.05
 
 
-class Coordinator:
+class Coordinator(Inbox):
     """The coordination service of one job. ``start()`` it, hand its address to the workers.
 
     Over 250 lines: the iteration flow (hello, report, done, log, bye) and the lifecycle
     share the job's state (which worker sent what of which iteration); the rooms it hands
-    work to (connection, speed, recorder, registration) hold the rest.
+    work to (connection, inbox, collect, speed, recorder, registration) hold the rest.
     """
 
     def __init__(self, config: CoordinatorConfig):
@@ -257,119 +254,6 @@ class Coordinator:
         return Waiting(t, "done", np.flatnonzero(~done).tolist())
 
     # ---- messages ---------------------------------------------------------------------------
-
-    def on_line(self, conn: Connection, line: bytes) -> bool:
-        """One line of a connection (a worker's, or a relay's hello); False when the
-        connection is done with."""
-        rank = conn.rank
-        try:
-            # before authentication nothing longer than a hello is parsed
-            msg = P.decode(line, P.MAX_HELLO if rank is None else P.MAX_LINE)
-            if rank is None:
-                kind = msg["type"]
-                if kind not in (P.HELLO, P.RELAY) or not P.token_ok(msg, self.config.token):
-                    self.links.refuse(conn, "bad hello or token")
-                    return False
-                if kind == P.RELAY:
-                    return self._on_relay(conn, msg)
-                conn.rank = self._on_hello(msg, conn.transport)
-                if conn.rank is None:
-                    conn.transport.close()
-                    return False
-            else:
-                self._dispatch(rank, msg)
-        except WorkerError as exc:
-            self.links.reject(conn, str(exc))
-            return False
-        except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            if rank is None:
-                self.links.refuse(conn, str(exc) if isinstance(exc, P.ProtocolError)
-                                  else "malformed hello")
-            else:
-                self.links.reject(conn, str(exc) if not isinstance(exc, RecursionError)
-                                  else "message nested too deeply")
-            return False
-        return True
-
-    _on_line = on_line          # the name tests and benchmarks feed lines through
-
-    def on_frame(self, conn: Connection, kind: int, body: bytes) -> bool:
-        """One frame of a relay; False when the connection is done with."""
-        relay = conn.relay
-        rank = None
-        try:
-            if kind == F.ROWS:
-                rows = F.decode_rows(body, time.time())
-                if not relay.serves(rows.ranks):
-                    raise F.FrameError("a section of workers it does not serve")
-                self._on_rows(rows)
-            elif kind in (F.FORWARD, F.LOST):
-                rank, line = F.split_rank(body)
-                registered = self.links.writers.get(rank)
-                mine = isinstance(registered, ViaRelay) and registered.relay is relay
-                if kind == F.LOST:
-                    if mine:
-                        self._on_lost_rank(rank)
-                elif mine:
-                    self._dispatch(rank, P.decode(line, P.MAX_LINE))
-                else:                   # a worker's first message: its hello
-                    msg = P.decode(line, P.MAX_HELLO)
-                    if msg["type"] != P.HELLO or msg.get("rank") != rank:
-                        raise F.FrameError(f"a first message of worker {rank} that is not "
-                                           "its hello")
-                    self._on_hello(msg, ViaRelay(relay, rank), relay)
-            else:
-                raise F.FrameError(f"a frame of unknown kind {kind}")
-        except WorkerError as exc:
-            self._fail(f"worker {exc.rank}: protocol error: {exc}")
-        except F.FrameError as exc:
-            self.links.reject(conn, str(exc))
-            return False
-        except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            if rank is None:
-                self.links.reject(conn, str(exc))
-                return False
-            self._fail(f"worker {rank}: protocol error: "
-                       + (str(exc) if not isinstance(exc, RecursionError)
-                          else "message nested too deeply"))
-        return True
-
-    def _on_relay(self, conn: Connection, msg: dict) -> bool:
-        """A relay's hello: its connection carries frames from now on."""
-        host, workers = msg.get("host"), msg.get("workers")
-        if not isinstance(host, str) or type(workers) is not int or workers < 1:
-            raise P.ProtocolError("a relay's hello needs its host and its number of workers")
-        conn.relay = self.links.add_relay(conn, host, workers)
-        hold = RELAY_HOLD_S if _modes.get(self.config.sync).barrier else 0.0
-        conn.transport.write(F.frame(F.CONFIG, P.encode({"hold_s": hold})))
-        return True
-
-    def _dispatch(self, rank: int, msg: dict) -> None:
-        """A registered worker's message (directly or through its relay)."""
-        kind = msg["type"]
-        if kind == P.REPORT or kind == P.DONE:
-            F.check_iteration(msg)
-            self._on_rows(F.Rows.from_messages([rank], [msg], time.time()))
-        elif kind == P.LOG:
-            self._on_log(rank, msg)
-        elif kind == P.BYE:
-            self._on_bye(rank, msg)
-        elif not self._policy.on_message(rank, msg):
-            raise P.ProtocolError(f"unexpected message {kind!r}")
-
-    def on_lost(self, conn: Connection) -> None:
-        rank, relay = conn.rank, conn.relay
-        if rank is not None and self.links.writers.get(rank) is conn.transport:
-            self._on_lost_rank(rank)
-        elif relay is not None and self.failure is None \
-                and any(r not in self._byes for r in relay.ranks):
-            self._fail(f"{relay.describe()} lost its connection to the coordinator before its "
-                       "workers finished", fatal_for_workers=False)
-
-    def _on_lost_rank(self, rank: int) -> None:
-        if rank not in self._byes and self.failure is None:
-            self._fail(f"worker {rank} lost its connection to the coordinator before it "
-                       "finished", fatal_for_workers=False)
 
     def _on_bye(self, rank: int, msg: dict) -> None:
         self._byes.add(rank)

@@ -171,9 +171,10 @@ def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values:
 class NARX(Predictor):
     """Random-feature NARX with an RLS output layer, per worker (see the module docstring).
 
-    One class of about 370 lines, on purpose: the kernel units, the RLS output layer and
+    One class of about 440 lines, on purpose: the kernel units, the RLS output layer and
     the gate over the candidates update the same per-worker arrays (vectorised over the
-    workers) in one pass per iteration, and each step reads what the one before wrote. The
+    workers) in one pass per iteration, and each step reads what the one before wrote (the
+    work arrays that keep its critical path short, issue 26, are part of that pass). The
     predictor's figures are accepted as they stand (benchmarks/README.md, Predictors).
     """
 
