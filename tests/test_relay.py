@@ -116,7 +116,10 @@ class RelayThread:
 
     def stop(self):
         if self.loop is not None and self.rc is None:
-            self.loop.call_soon_threadsafe(self.relay._end, 0)
+            try:
+                self.loop.call_soon_threadsafe(self.relay._end, 0)
+            except RuntimeError:        # it ended meanwhile (its loop is closed)
+                pass
         self.thread.join(10)
 
 
