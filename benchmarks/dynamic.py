@@ -158,7 +158,9 @@ def decisions(args) -> None:
     """--decisions: the simulation (see the module docstring), this tree and --baseline."""
     sizes = [int(x) for x in str(args.workers).split(",")]
     predictors = args.modes.split(",") if args.modes else DECISION_PREDICTORS
-    iters = args.iterations or (20 if args.smoke else 200)
+    iters = args.iterations or 200
+    if args.smoke:                          # seconds: 3 workers, 10 iterations
+        sizes, iters = [3], 10
     lines, payload = [], {}
     for n in sizes:
         C.progress(f"{n} workers: this tree")

@@ -311,3 +311,21 @@ def test_a_rank_behind_two_relays_is_refused(job):
     finally:
         other.stop()
     run_iteration(ss, [0.05, 0.05])
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({}, "MXLBBSP_RELAY and MXLBBSP_COORDINATOR must be set"),
+    ({"MXLBBSP_RELAY": "unix:@x", "MXLBBSP_COORDINATOR": "nowhere"}, "expected host:port"),
+    ({"MXLBBSP_RELAY": "unix:@x", "MXLBBSP_COORDINATOR": "127.0.0.1:1",
+      "MXLBBSP_LOCAL_SIZE": "0"}, "a relay serves at least one worker"),
+])
+def test_a_relay_started_by_hand_with_bad_variables_says_so_in_one_line(env, needle):
+    import os
+    import subprocess
+    import sys
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MXLBBSP_")}
+    r = subprocess.run([sys.executable, "-m", "mxlbbsp.relay"], env={**clean, **env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxlbbsp: error: ") and needle in lines[0]
