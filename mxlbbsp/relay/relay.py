@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 REFUSALS_SHOWN = 5
 #: how long the relay tries to reach the coordinator at its start
 CONNECT_S = 60.0
+#: a worker's connection without a hello for this long is closed
+HELLO_S = 30.0
 
 
 class _Section:
@@ -313,9 +315,16 @@ class _WorkerLink(asyncio.Protocol):
         self.transport: Optional[asyncio.Transport] = None
         self.rank: Optional[int] = None
         self._buffer = bytearray()
+        self._hello_timer = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # a connection that says no hello is closed, as the coordinator's are
+        self._hello_timer = asyncio.get_running_loop().call_later(HELLO_S, self._no_hello)
+
+    def _no_hello(self) -> None:
+        if self.rank is None:
+            self.transport.close()
 
     def _refuse(self, reason: str) -> None:
         relay = self.relay
@@ -364,6 +373,8 @@ class _WorkerLink(asyncio.Protocol):
                 relay.on_message(self.rank, head)
 
     def connection_lost(self, exc) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
         self.relay.on_lost(self)
 
 
