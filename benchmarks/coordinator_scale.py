@@ -1,5 +1,8 @@
 """Coordinator scale: the real coordinator with 16 to 1024 simulated workers over loopback.
 
+(About 740 lines: the simulated workers, one measurement, its side-by-side runs and their
+tables are one experiment; the emulated hosts' relays are in _hosts.py.)
+
 The coordinator is ``mxlbbsp.control.coordinator.Coordinator`` exactly as ``mxlbbsp launch`` runs it
 (its own thread and asyncio loop in this process; ``lbbsp``, the default predictor and time
 model, a metrics file). The workers are light clients that speak ``mxlbbsp.core.protocol``:
@@ -21,19 +24,30 @@ Three arrival patterns of the reports:
   coordinator's handling of the dones and the metrics records of t also falls inside the
   latency window. A stress test of its throughput; a real iteration is never this short.
 
+Emulated hosts (``--per-host K``, default 8; 0: none): the workers sit K to a host behind
+their host's relay (``mxlbbsp.relay``, as ``mxlbbsp launch`` runs a job with K workers per
+host), so the coordinator has n/K connections, each a host's reports and dones of an
+iteration in one frame. The relays are the real ones, all in one process on the client cores
+(benchmarks/_hosts.py): on a cluster each runs on its own host, in parallel.
+
 Measured per iteration: the **allocation latency**, from the moment the last report of
 iteration t is sent (client clock) until every worker has received alloc(t+1) (the last
-client's receive time; CLOCK_MONOTONIC is the same clock in every process on Linux); the
-coordinator thread's CPU time per iteration (its thread CPU clock, slope over the measured
-iterations); and ``Coordinator.alloc_latency`` (server side: from the last report's arrival to
-the allocation written to every socket). Median and p99 over the measured iterations (the
-first ``--skip`` are left out).
+client's receive time; CLOCK_MONOTONIC is the same clock in every process on Linux); with
+relays also the **relay-to-relay latency**, from the last relay's report section of t sent
+to the last relay's SLICES frame of t+1 received (the coordinator's share: on this machine
+the end-to-end figure also holds the n/K relays taking turns on one core); the coordinator
+thread's CPU time per iteration (its thread CPU clock, slope over the measured iterations),
+its metrics writer thread's, and the relays' process's (per relay: divided by n/K); and
+``Coordinator.alloc_latency`` (server side: from the last report's arrival to the allocation
+written to every socket). Median and p99 over the measured iterations (the first ``--skip``
+are left out).
 
     python benchmarks/coordinator_scale.py --quick             # 16..1024 workers (~3 min)
     python benchmarks/coordinator_scale.py                     # 200 iterations (~5 min)
     python benchmarks/coordinator_scale.py --profile 256       # + where the time goes (~1 min)
     python benchmarks/coordinator_scale.py --baseline REV --sizes 16,256 --arrivals spread
                                        # this tree against commit REV's code, side by side
+                                       # (REV's own script: workers direct if it has no relays)
     python benchmarks/coordinator_scale.py --predictors narx,ema --sizes 256  # likewise
 
 Placement (``--placement``): ``pinned`` (default) runs the coordinator's thread alone on the
@@ -66,11 +80,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import _hosts  # noqa: E402
 from mxlbbsp.core import protocol as P  # noqa: E402
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.control.coordinator import CoordinatorConfig  # noqa: E402
 
 SIZES = [16, 64, 256, 1024]
+#: simulated workers per emulated host (behind its relay); 0: every worker connected directly
+PER_HOST = 8
 
 
 # ---- the simulated workers (client processes) ---------------------------------------------
@@ -90,7 +107,8 @@ class _Worker(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
         sock = transport.get_extra_info("socket")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes):
         now = time.perf_counter()
@@ -158,11 +176,17 @@ def _speeds(rank: int, n: int, iterations: int, seed: int, B: int, compute_ms: f
 
 async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations: int,
                   compute_ms: float, arrival: str, seed: int) -> dict:
+    """``addr``: the coordinator's (host, port), or per rank its address (its relay's)."""
     loop = asyncio.get_running_loop()
     group = _Group()
     workers = []
     for rank in ranks:
-        _, w = await loop.create_connection(lambda r=rank: _Worker(r, group), *addr)
+        where = addr[rank] if isinstance(addr, dict) else tuple(addr)
+        if isinstance(where, str):
+            _, w = await loop.create_unix_connection(lambda r=rank: _Worker(r, group),
+                                                     P.parse_address(where))
+        else:
+            _, w = await loop.create_connection(lambda r=rank: _Worker(r, group), *where)
         workers.append(w)
     speeds = {w.rank: _speeds(w.rank, n, iterations, seed, B, compute_ms) for w in workers}
     group.expect(len(workers))
@@ -247,12 +271,13 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
             processes: Optional[int] = None, skip: int = 5, seed: int = 0,
             profile: bool = False, metrics: bool = True, instrument: bool = False,
             predictor: Optional[str] = None, nice: int = 0,
-            placement: str = "pinned") -> dict:
+            placement: str = "pinned", per_host: int = PER_HOST) -> dict:
     """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary.
 
     ``placement``: ``pinned`` runs the coordinator thread on the first core and the simulated
     workers on the others (as on a real cluster, where the workers are other machines);
-    ``shared`` lets Linux schedule all of them on all cores."""
+    ``shared`` lets Linux schedule all of them on all cores. ``per_host``: workers per
+    emulated host, behind its relay (0 or 1: every worker connected directly)."""
     if placement not in ("pinned", "shared"):
         raise ValueError(f"placement must be pinned or shared, not {placement!r}")
     B = 64 * n
@@ -286,12 +311,23 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 profiler = cProfile.Profile()
                 asyncio.run_coroutine_threadsafe(_call(profiler.enable), coord._loop).result()
             ctx = mp.get_context("spawn")
+            where, relays = addr, None
+            if per_host > 1:                 # the emulated hosts' relays, then the workers
+                hosts, addresses = _hosts.plan(n, per_host)
+                where = dict(enumerate(addresses))
+                relay_pipe, child = ctx.Pipe(duplex=False)
+                relays = ctx.Process(target=_hosts.relay_process, daemon=True, args=(
+                    addr, token, hosts, child, client_cpus))
+                relays.start()
+                child.close()
+                if not relay_pipe.poll(120) or relay_pipe.recv()[0] != "ready":
+                    raise RuntimeError("the relays did not start")
             chunks = np.array_split(np.arange(n), processes)
             procs, pipes = [], []
             for chunk in chunks:
                 parent, child = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_client_process, daemon=True, args=(
-                    addr, token, [int(r) for r in chunk], n, B, iterations, compute_ms,
+                    where, token, [int(r) for r in chunk], n, B, iterations, compute_ms,
                     arrival, seed, child, nice, client_cpus))
                 proc.start()
                 child.close()
@@ -325,6 +361,14 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                     raise RuntimeError(f"client process failed: {payload}")
                 results.append(payload)
                 proc.join(10)
+            relay_stats = None
+            if relays is not None:
+                if not relay_pipe.poll(60):
+                    raise RuntimeError("the relays ended without a result")
+                status, relay_stats = relay_pipe.recv()
+                if status != "ok":
+                    raise RuntimeError(f"the relays failed: {relay_stats}")
+                relays.join(10)
             if profiler is not None:
                 asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
             if coord.failure:
@@ -358,8 +402,13 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         "coordinator_cpus": sorted(coord_cpus) if coord_cpus else None,
         "client_cpus": sorted(client_cpus) if client_cpus else None,
     }
+    out["per_host"] = per_host if per_host > 1 else None
+    if relay_stats is not None:
+        hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts))
+        out["relay_latency_ms"] = _stats(hosted.pop("relay_latency_ms"))
+        out.update(hosted)
     if spent is not None:
-        out["breakdown_ms"] = _breakdown(spent, n, iterations, skip)
+        out["breakdown_ms"] = _breakdown(spent, iterations, skip)
     if profiler is not None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
@@ -373,44 +422,46 @@ async def _call(fn):
 
 #: what --profile's breakdown times inside the coordinator, per iteration (phase -> owner
 #: attribute, method): the critical path from the last report to the broadcast is
-#: on_iteration = predictor + allocate + send allocations + the rest of _on_iteration
-PHASES = {"on_report (all n)": (None, "_on_report"), "on_iteration": (None, "_on_iteration"),
+#: decide = speed model (the fit, the regime, the predictor) + allocate + send allocations
+PHASES = {"frames (all)": (None, "on_frame"), "lines (all)": (None, "on_line"),
+          "decide": (None, "decide"), "speed model": ("speed", "model"),
           "predictor observe+predict": ("_predictor", "observe"),
           "predictor predict": ("_predictor", "predict"),
           "allocate": ("balancer", "allocate"), "send allocations": (None, "send_split"),
-          "on_done (all n)": (None, "_on_done"), "flush_records": (None, "_flush_records")}
+          "flush_records": (None, "_flush_records"),
+          "predictor learn": ("_predictor", "learn")}
 
 
 def _instrument(coord) -> Dict[str, List[float]]:
     """Wrap the coordinator's phases with timers (diagnostics only: it patches the instance,
-    never the library). Returns phase -> list of seconds per call."""
+    never the library). Returns phase -> list of seconds per call: the calling thread's CPU
+    time (time.thread_time), which the other processes of a shared machine do not stretch."""
     spent: Dict[str, List[float]] = {k: [] for k in PHASES}
     for phase, (owner, method) in PHASES.items():
         target = coord if owner is None else getattr(coord, owner)
         inner = getattr(target, method)
 
         def timed(*a, _inner=inner, _log=spent[phase], **kw):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             try:
                 return _inner(*a, **kw)
             finally:
-                _log.append(time.perf_counter() - t0)
+                _log.append(time.thread_time() - t0)
         setattr(target, method, timed)
     return spent
 
 
-def _breakdown(spent: Dict[str, List[float]], n: int, iterations: int, skip: int) -> dict:
-    """Median milliseconds per iteration of each phase (per-message phases summed over the
-    n messages of an iteration)."""
+def _breakdown(spent: Dict[str, List[float]], iterations: int, skip: int) -> dict:
+    """Milliseconds per iteration of each phase: the median of a phase called once per
+    iteration, the mean (all calls over all iterations) of one called per frame or line."""
     out = {}
     for phase, xs in spent.items():
         xs = np.asarray(xs) * 1000
-        if phase.endswith("(all n)"):
-            per_it = xs[: (len(xs) // n) * n].reshape(-1, n).sum(axis=1)
+        if phase.endswith("(all)"):
+            out[phase] = float(xs.sum() / iterations) if xs.size else 0.0
         else:
-            per_it = xs
-        per_it = per_it[skip:]
-        out[phase] = float(np.median(per_it)) if per_it.size else float("nan")
+            xs = xs[skip:]
+            out[phase] = float(np.median(xs)) if xs.size else float("nan")
     # observe+predict were timed separately; report their sum under one name
     out["predictor observe+predict"] += out.pop("predictor predict")
     return out
@@ -457,6 +508,9 @@ def main():
                         "coordinator_scale_baseline_REV")
     p.add_argument("--rounds", type=int, default=4,
                    help="rounds of --predictors or --baseline (4)")
+    p.add_argument("--per-host", type=int, default=PER_HOST, metavar="K",
+                   help=f"simulated workers per emulated host, behind its relay ({PER_HOST}; "
+                        "0: every worker connected directly)")
     p.add_argument("--client-smoke", action="store_true",
                    help="4 workers, 5 iterations, print the result (no file written)")
     C.add_smoke(p)
@@ -473,20 +527,23 @@ def main():
     arrivals = [a.strip() for a in args.arrivals.split(",")]
     if args.predictors:
         variants = {name: (lambda n, a, name=name: measure(
-            n, iters, arrival=a, compute_ms=args.compute_ms, predictor=name))
+            n, iters, arrival=a, compute_ms=args.compute_ms, predictor=name,
+            per_host=args.per_host))
             for name in args.predictors.split(",")}
         side_by_side(variants, sizes, arrivals, iters, args.rounds,
-                     "coordinator_scale_predictors", "predictor")
+                     "coordinator_scale_predictors", "predictor", wait=not args.quick)
         return
     if args.baseline:
         import _common as C
         with C.worktree(args.baseline) as tree:
             variants = {
                 "this tree": lambda n, a: measure(n, iters, arrival=a,
-                                                  compute_ms=args.compute_ms),
+                                                  compute_ms=args.compute_ms,
+                                                  per_host=args.per_host),
                 args.baseline: lambda n, a: in_tree(tree, n, a, iters, args.compute_ms)}
             side_by_side(variants, sizes, arrivals, iters, args.rounds,
-                         f"coordinator_scale_baseline_{args.baseline}", "code")
+                         f"coordinator_scale_baseline_{args.baseline}", "code",
+                         wait=not args.quick)
         return
     name = "coordinator_scale" + ("_quick" if args.quick else "")
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
@@ -498,7 +555,8 @@ def main():
         for placement, n in runs:
             C.progress(f"{n} workers, {arrival}, {placement} (load {S.load():.1f})")
             r = measure(n, iters, arrival=arrival, compute_ms=args.compute_ms,
-                        processes=args.processes, placement=placement)
+                        processes=args.processes, placement=placement,
+                        per_host=args.per_host)
             C.progress(f"  latency median {r['latency_ms']['median']:.2f} ms, p99 "
                        f"{r['latency_ms']['p99']:.2f} ms; server "
                        f"{r['server_alloc_ms']['median']:.2f} ms; CPU "
@@ -510,30 +568,36 @@ def main():
             C.progress(f"timing the coordinator's phases with {n} workers ({arrival})")
             r = measure(n, min(iters, 100), arrival=arrival, compute_ms=args.compute_ms,
                         processes=args.processes, instrument=True,
-                        placement=args.placement)
+                        placement=args.placement, per_host=args.per_host)
             breakdowns[f"{n} {arrival}"] = r["breakdown_ms"]
         C.progress(f"profiling the coordinator with {n} workers (burst, cProfile)")
         r = measure(n, min(iters, 60), arrival="burst", compute_ms=args.compute_ms,
-                    processes=args.processes, profile=True, placement=args.placement)
+                    processes=args.processes, profile=True, placement=args.placement,
+                    per_host=args.per_host)
         profiles[str(n)] = r.pop("profile")
         path = C.RESULTS / f"{name}_profile_{n}.txt"
         path.write_text(profiles[str(n)])
         C.progress(f"  written {path}")
     rows = ["| workers | arrival | placement | allocation latency median | p99 | max | first worker "
-            "served (median) | server-side alloc_latency median / p99 | coordinator CPU per "
-            "iteration |", "|---|---|---|---|---|---|---|---|---|"]
+            "served (median) | relay to relay median / p99 | server-side alloc_latency median / "
+            "p99 | coordinator CPU per iteration | its metrics writer | relays (per relay) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lat, srv = r["latency_ms"], r["server_alloc_ms"]
         rows.append(f"| {r['workers']} | {r['arrival']} | {r['placement']} | "
                     f"{lat['median']:.2f} ms | "
                     f"**{lat['p99']:.2f} ms** | {lat['max']:.2f} ms | "
-                    f"{r['first_alloc_ms']['median']:.2f} ms | {srv['median']:.2f} / "
-                    f"{srv['p99']:.2f} ms | {r['cpu_ms_per_iteration']:.2f} ms |")
+                    f"{r['first_alloc_ms']['median']:.2f} ms | {_relay_latency([r])} | "
+                    f"{srv['median']:.2f} / {srv['p99']:.2f} ms | "
+                    f"{r['cpu_ms_per_iteration']:.2f} ms | {_writer_cpu([r])} | "
+                    f"{_relay_cpu([r])} |")
     table = (
         f"The real coordinator (lbbsp, default predictor and time model, metrics file on) "
         f"with simulated workers over loopback TCP; {iters} iterations per size, first 5 left "
         f"out; global batch 64 x n; the simulated workers in one client process per core they "
-        f"run on (pinned), or n/128 (1..4) processes (shared). "
+        f"run on (pinned), or n/128 (1..4) processes (shared); "
+        + (f"{args.per_host} per emulated host, behind its relay (all relays in one process on "
+           f"the client cores). " if args.per_host > 1 else "every one connected directly. ") +
         f"'spread': each worker reports after its own simulated compute (~{args.compute_ms:g} "
         f"ms per iteration, balanced by the coordinator, with drift and 3% noise); 'burst': "
         f"after the slowest worker's compute, all report at the same instant (perfect "
@@ -542,10 +606,15 @@ def main():
         f"inside the latency window).\n\n" + "\n".join(rows) +
         "\n\nAllocation latency: from the moment the last report of an iteration is sent "
         "until every worker has received its allocation for the next one. 'first worker "
-        "served': until the first worker has it. Server-side: Coordinator.alloc_latency, "
-        "from the last report's arrival to the allocation handed to every socket. CPU: the "
-        "coordinator thread's CPU time per iteration (reports, dones, prediction, balancing, "
-        "broadcast, metrics records)."
+        "served': until the first worker has it. Relay to relay: from the last relay's "
+        "section of reports sent to the last relay's split received (the coordinator's share; "
+        "the end-to-end figure also holds the relays of every emulated host taking turns on "
+        "one core, which a cluster's hosts do in parallel). Server-side: "
+        "Coordinator.alloc_latency, from the last report's arrival to the allocation handed "
+        "to every socket. CPU: the coordinator thread's CPU time per iteration (reports, "
+        "dones, prediction, balancing, broadcast, the records' parts), its metrics writer "
+        "thread's (records built, totalled, written: the same process), and the relays' "
+        "process's, in all and per relay (what one host pays)."
         + (_breakdown_table(breakdowns) if breakdowns else "")
         + (f"\n\ncProfile of the coordinator thread (burst, sorted by own time): "
            f"{', '.join(f'[{n} workers]({name}_profile_{n}.txt)' for n in profiles)}"
@@ -561,12 +630,13 @@ def main():
                    "results": results, "breakdown_ms": breakdowns}, table)
 
 
-def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what) -> None:
+def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what,
+                 wait: bool = True) -> None:
     """The same runs for each variant (label -> run(n, arrival) -> measure()'s result), in
     ABBA order over ``rounds``, so that the machine's drift falls on all of them alike."""
     import _common as C
     import _suite as S
-    load_at_start = S.wait_for_quiet()
+    load_at_start = S.wait_for_quiet() if wait else S.load()
     labels = list(variants)
     runs = {}
     for arrival in arrivals:
@@ -580,24 +650,51 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what) -> 
                     runs.setdefault(f"{n} {arrival}", {}).setdefault(label, []).append(res)
                     C.progress(f"  p99 {res['latency_ms']['p99']:.2f} ms")
     rows = [f"| workers, arrival | {what} | allocation latency p99 per round | median of "
-            "the rounds' p99 | median of the rounds' medians | server-side median | "
-            "coordinator CPU per iteration | its metrics writer's CPU per iteration |",
-            "|---|---|---|---|---|---|---|---|"]
+            "the rounds' p99 | median of the rounds' medians | relay to relay: median of the "
+            "rounds' p99 | server-side median | coordinator CPU per iteration | its metrics "
+            "writer's CPU per iteration | relays' CPU per iteration (per relay) | final split "
+            "as the other's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, per in runs.items():
+        splits = {label: [tuple(x["final_sizes"]) for x in rs] for label, rs in per.items()}
         for label, rs in per.items():
             p99 = [x["latency_ms"]["p99"] for x in rs]
+            others = [v for k, v in splits.items() if k != label]
+            same = "yes" if others and all(set(v) == set(splits[label]) and len(set(v)) == 1
+                                           for v in others) else "no"
             rows.append(f"| {key} | {label} | {', '.join(f'{v:.2f}' for v in p99)} ms | "
                         f"**{np.median(p99):.2f} ms** | "
                         f"{np.median([x['latency_ms']['median'] for x in rs]):.2f} ms | "
+                        f"{_relay_latency(rs)} | "
                         f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} ms | "
                         f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms | "
-                        f"{_writer_cpu(rs)} |")
+                        f"{_writer_cpu(rs)} | {_relay_cpu(rs)} | {same} |")
     table = (f"The runs of `coordinator_scale.py` (pinned, {iters} iterations, first 5 left "
              f"out) for each {what} in turn, in ABBA order over {rounds} rounds, so that the "
              f"machine's drift falls on all of them alike. Load average at start: "
-             f"{load_at_start:.2f}.\n\n" + "\n".join(rows))
+             f"{load_at_start:.2f}. 'final split as the other's': every round of both ended "
+             "with the same per-worker batch sizes (the simulated workers' times depend only "
+             "on their batch sizes, so equal decisions give equal splits).\n\n"
+             + "\n".join(rows))
     C.write(name, {"iterations": iters, "rounds": rounds, "load_at_start": load_at_start,
                    "runs": runs}, table)
+
+
+def _relay_latency(rs) -> str:
+    """Relay to relay latency: median / median of the p99 ('-': no relays)."""
+    xs = [x["relay_latency_ms"] for x in rs if x.get("relay_latency_ms")]
+    if not xs:
+        return "-"
+    return (f"{np.median([x['median'] for x in xs]):.2f} / "
+            f"**{np.median([x['p99'] for x in xs]):.2f} ms**")
+
+
+def _relay_cpu(rs) -> str:
+    """The relays' CPU per iteration, all of them (per relay); '-': no relays."""
+    xs = [(x["relays_cpu_ms_per_iteration"], x["relay_cpu_ms_per_iteration"]) for x in rs
+          if x.get("relays_cpu_ms_per_iteration") is not None]
+    if not xs:
+        return "-"
+    return f"{np.median([a for a, _ in xs]):.2f} ms ({np.median([b for _, b in xs]):.3f} ms)"
 
 
 def _writer_cpu(rs) -> str:
@@ -626,12 +723,14 @@ def _breakdown_table(breakdowns: dict) -> str:
             "|---" * (len(phases) + 1) + "|"]
     for key, b in breakdowns.items():
         rows.append(f"| {key} | " + " | ".join(f"{b[p]:.2f}" for p in phases) + " |")
-    return ("\n\nWhere the coordinator's time goes (median ms per iteration, timers around "
-            "its methods in a separate run; 'on_iteration' runs from the last report to the "
-            "end of the predictor's training step, which comes after the allocations are "
-            "sent; it contains the predictor, allocate and send allocations columns, and the "
-            "critical path is the part up to the end of 'send allocations'; 'on_report' and "
-            "'on_done' are summed over the n messages):\n\n"
+    return ("\n\nWhere the coordinator's time goes (median ms of its thread's CPU per "
+            "iteration, timers around its methods in a separate run; 'frames (all)' and 'lines "
+            "(all)' are every frame (relays) and line (workers connected directly) handled, "
+            "per iteration, 'decide' among them; 'decide' runs from the last report to the "
+            "end of the predictor's training step ('predictor learn'), which comes after the "
+            "allocations are sent; it holds the 'speed model' (the fit, the regime and the "
+            "predictor's observe and predict), 'allocate' and 'send allocations'; the "
+            "critical path is the part of it up to the end of 'send allocations'):\n\n"
             + "\n".join(rows))
 
 

@@ -19,10 +19,23 @@ median.
 
     python benchmarks/dynamic.py --quick    # 2 rounds x 120 iterations (~5 min)
     python benchmarks/dynamic.py            # 3 rounds x 400 iterations (~25 min)
+
+``--decisions`` runs no job: a real Coordinator is fed the trace's iteration times directly
+(no sockets, no clock; seeded noise and load readings for the ``--exog`` columns, so that
+NARX's kernel units work), with each LB-BSP predictor, and records every split; with
+``--baseline REV`` the same simulation on the code of commit REV (a temporary git worktree)
+must give the same batch sizes at every iteration. ``--workers N`` tiles the three traces
+over N workers (each shifted in time and with a speed of its own): the coordinator's arrays
+then have N rows, as at scale.
+
+    python benchmarks/dynamic.py --decisions --baseline REV --workers 3,1024
 """
 import argparse
 import csv
+import json
 import math
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -89,6 +102,105 @@ def prediction_error(path: Path, skip: int = 5) -> float:
     return 100 * float(np.mean(errs)) if errs else float("nan")
 
 
+DECISION_PREDICTORS = ["narx", "ema", "last", "ar"]
+
+
+def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_worker: int = 32):
+    """Every split the coordinator chose, per predictor, on the trace's times (see the module
+    docstring): {predictor: [[b_0 .. b_n-1] per iteration]}, and under "<predictor> speeds"
+    a digest of every forecast (the metrics' predicted_speed), bit for bit."""
+    import hashlib
+    import mxlbbsp
+    if (Path(mxlbbsp.__file__).parent / "control").is_dir():
+        from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+    else:                    # a commit before the layer folders (issue 21)
+        from mxlbbsp.coordinator import Coordinator, CoordinatorConfig
+    factors = np.array(make_trace(iterations + workers, seed))        # (3, T)
+    B = batch_per_worker * workers
+    out = {}
+    for name in predictors:
+        rng = np.random.default_rng([seed, workers])
+        c = Coordinator(CoordinatorConfig(num_workers=workers, token="t", predictor=name))
+        c.send_split = c._send_allocation = lambda t, sizes: None       # no workers
+        sizes = np.full(workers, batch_per_worker)
+        c._sizes = sizes.copy()
+        ranks = np.arange(workers)
+        speed = 1.0 + (ranks * 0.618) % 1.0                  # each worker its own
+        splits = []
+        digest = hashlib.sha256()
+        for t in range(iterations):
+            f = factors[ranks % 3, t + ranks // 3]
+            noise = rng.lognormal(0, 0.05, workers)
+            compute = (0.003 + 0.002 * sizes / speed) * f * noise
+            load = np.column_stack([25 * (f - 1) + rng.normal(0, 2, workers),
+                                    0.1 * (f - 1) + rng.normal(0, 0.01, workers),
+                                    0.05 * f + rng.normal(0, 0.01, workers)])
+            msgs = [{"type": "report", "iteration": t, "batch_size": int(sizes[r]),
+                     "compute_s": float(compute[r]), "next_global_batch": B,
+                     "others_cpu": float(load[r, 0]), "run_delay": float(load[r, 1]),
+                     "cpu_pressure": float(load[r, 2])} for r in range(workers)]
+            if hasattr(c, "collect"):        # this tree: as a relay's section reaches it
+                from mxlbbsp.core.frames import Rows
+                c.decide(*c.collect.reports(Rows.from_messages(ranks.tolist(), msgs, 0.0)))
+            else:                            # a commit before issue 26's relays
+                c._on_iteration(t, dict(enumerate(msgs)))
+            sizes = np.asarray(c._sizes)
+            splits.append([int(b) for b in sizes])
+            predicted = c.recorder.predicted.get(t + 1)
+            if predicted is not None:
+                digest.update(np.asarray(predicted, dtype=np.float64).tobytes())
+        out[name] = splits
+        out[f"{name} speeds"] = digest.hexdigest()
+    return out
+
+
+def decisions(args) -> None:
+    """--decisions: the simulation (see the module docstring), this tree and --baseline."""
+    sizes = [int(x) for x in str(args.workers).split(",")]
+    predictors = args.modes.split(",") if args.modes else DECISION_PREDICTORS
+    iters = args.iterations or 200
+    if args.smoke:                          # seconds: 3 workers, 10 iterations
+        sizes, iters = [3], 10
+    lines, payload = [], {}
+    for n in sizes:
+        C.progress(f"{n} workers: this tree")
+        mine = simulate(n, iters, args.seed, predictors)
+        theirs = None
+        if args.baseline:
+            C.progress(f"{n} workers: {args.baseline}")
+            with C.worktree(args.baseline) as tree:
+                res = subprocess.run([sys.executable, __file__, "--simulate-in", str(tree),
+                                      "--workers", str(n), "--iterations", str(iters),
+                                      "--seed", str(args.seed), "--modes", ",".join(predictors)],
+                                     capture_output=True, text=True, check=True)
+            theirs = json.loads(res.stdout)
+        for name in predictors:
+            splits = mine[name]
+            moved = sum(a != b for a, b in zip(splits, splits[1:]))
+            verdict = ""
+            if theirs is not None:
+                diff = [t for t, (a, b) in enumerate(zip(splits, theirs[name])) if a != b]
+                verdict = (f"**identical to {args.baseline}'s**" if not diff and
+                           len(splits) == len(theirs[name]) else
+                           f"differs from {args.baseline}'s from iteration {diff[0] + 1}"
+                           if diff else "a different number of iterations")
+                verdict += ("; forecasts identical bit for bit"
+                            if mine[f"{name} speeds"] == theirs.get(f"{name} speeds")
+                            else "; forecasts differ")
+            lines.append(f"| {n} | {name} | {iters} | {moved} | {verdict or '-'} |")
+            payload[f"{n} {name}"] = {"changes": moved, "verdict": verdict,
+                                      "final": splits[-1] if n <= 16 else None}
+            C.progress(f"  {name}: split changed {moved} times; {verdict}")
+    table = ("The coordinator's decisions on the dynamic trace (seed "
+             f"{args.seed}), simulated: a real Coordinator fed the trace's iteration times and "
+             "load readings, no job; every split of every iteration compared with "
+             f"{args.baseline or '(no baseline)'}, and every forecast (the predicted_speed of "
+             "the metrics) bit for bit.\n\n| workers | predictor | iterations | split changes "
+             "| batch sizes |\n|---|---|---|---|---|\n" + "\n".join(lines))
+    C.write("dynamic_decisions", {"seed": args.seed, "iterations": iters,
+                                  "baseline": args.baseline, "runs": payload}, table)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="2 rounds x 120 iterations")
@@ -99,9 +211,31 @@ def main():
     p.add_argument("--seed", type=int, default=1, help="seed of the generated traces")
     p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=None,
                    help="write the report figures (default: in full mode, not with --quick)")
-    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES))
+    p.add_argument("--modes", help="comma-separated subset of: " + ", ".join(MODES)
+                   + " (with --decisions: of the predictors " + ", ".join(DECISION_PREDICTORS)
+                   + ")")
+    p.add_argument("--decisions", action="store_true",
+                   help="no job: the coordinator's splits on the trace, simulated (see above)")
+    p.add_argument("--workers", default="3", help="--decisions: comma-separated worker counts")
+    p.add_argument("--baseline", metavar="REV",
+                   help="--decisions: also simulate the code of this commit and compare")
+    p.add_argument("--simulate-in", metavar="TREE", help=argparse.SUPPRESS)
     C.add_smoke(p)
     args = p.parse_args()
+    if args.simulate_in:                     # a child: the code of another tree, JSON out
+        for module in [m for m in sys.modules if m.split(".")[0] == "mxlbbsp"]:
+            del sys.modules[module]          # _common imported this tree's
+        sys.path.insert(0, args.simulate_in)
+        import mxlbbsp
+        if not mxlbbsp.__file__.startswith(args.simulate_in):
+            sys.exit(f"imported {mxlbbsp.__file__}, not the tree {args.simulate_in}")
+        print(json.dumps(simulate(int(args.workers), args.iterations, args.seed,
+                                  args.modes.split(","))))
+        return
+    if args.decisions:
+        C.smoke(args)
+        decisions(args)
+        return
     if C.smoke(args):        # one round, 8 iterations, BSP and one predictor
         args.quick, args.rounds, args.iterations, args.figures = True, 1, 8, False
         args.modes = args.modes or f"BSP,{list(MODES)[1]}"

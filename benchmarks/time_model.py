@@ -65,8 +65,16 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
         factor = factors(t, slow, tenant, period)
         stretch = rng.lognormal(0, noise, 2) * np.where(rng.random(2) < spike, 3, 1)
         compute = (fixed_s + per_sample_s * sizes) * factor * stretch
-        c._on_iteration(t, {r: {"batch_size": int(sizes[r]), "compute_s": float(compute[r]),
-                                "next_global_batch": B} for r in range(2)})
+        reports = {r: {"type": "report", "iteration": t, "batch_size": int(sizes[r]),
+                       "compute_s": float(compute[r]), "next_global_batch": B}
+                   for r in range(2)}
+        if hasattr(c, "collect"):      # this tree: the reports as they reach the coordinator
+            from mxlbbsp.core.frames import Rows
+            for r in range(2):
+                decided = c.collect.reports(Rows.from_messages([r], [reports[r]], 0.0))
+            c.decide(*decided)
+        else:                          # --baseline of a commit before issue 26's relays
+            c._on_iteration(t, reports)
         sizes = np.asarray(c._sizes)
         out.append(int(sizes[0]))
     return out
@@ -78,6 +86,7 @@ def median_ratio(b0):
 
 
 def simulate(seeds, noise):
+    splits = []              # every run's batch sizes, for the identity check of --baseline
     rows = []
     for fixed_s, per_sample_s, slow in CASES:
         def makespan(b0):
@@ -86,6 +95,7 @@ def simulate(seeds, noise):
         values, held = [], 0
         for seed in range(seeds):
             b0 = run(seed, fixed_s, per_sample_s, slow, noise)
+            splits.append(b0)
             values.append(float(np.mean([makespan(b) for b in b0[30:]]) / best))
             held += slow == 1.0 and median_ratio(b0[60:]) > 1.5
         rows.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2), "slow": slow,
@@ -95,6 +105,7 @@ def simulate(seeds, noise):
     tenant = []
     for fixed_s, per_sample_s in TENANT_CASES:
         b0s = [run(seed, fixed_s, per_sample_s, 1.0, noise, 140, True) for seed in range(seeds)]
+        splits += b0s
         # b0[t] is the split of iteration t + 1: b0[54:] are iterations 55-139
         beyond = [sum(max(b, B - b) > 1.5 * min(b, B - b) for b in b0[54:]) for b0 in b0s]
         tenant.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2),
@@ -105,6 +116,7 @@ def simulate(seeds, noise):
         ratio, equal = [], []
         for seed in range(seeds):
             b0 = run(seed, fixed_s, per_sample_s, 1.0, noise, 300, period=35)
+            splits.append(b0)
             for t in range(30, 300):
                 f = factors(t + 1, 1.0, period=35)   # b0[t] is the split of iteration t + 1
 
@@ -115,7 +127,26 @@ def simulate(seeds, noise):
                 equal.append(b0[t] == B // 2)
         alternating.append({"fixed_share": fixed_s / (fixed_s + per_sample_s * B / 2),
                             "mean": float(np.mean(ratio)), "equal": float(np.mean(equal))})
-    return {"cases": rows, "tenant": tenant, "alternating": alternating}
+    return {"cases": rows, "tenant": tenant, "alternating": alternating, "splits": splits}
+
+
+def identical(mine, theirs, name) -> str:
+    """Whether two simulations chose the same batch size at every iteration of every run:
+    one line that says so, or where they first differ."""
+    a, b = mine["splits"], theirs.get("splits")
+    if b is None:
+        return f"{name}: no batch sizes to compare (its simulate() does not return them)"
+    iterations = sum(len(x) for x in a)
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            t = next(i for i, (u, v) in enumerate(zip(x, y)) if u != v) if len(x) == len(y) \
+                else min(len(x), len(y))
+            return (f"batch sizes differ from {name}'s: run {k} (of {len(a)}), iteration {t + 1}"
+                    f" ({x[t] if t < len(x) else '-'} against {y[t] if t < len(y) else '-'})")
+    if len(a) != len(b):
+        return f"{name} simulated {len(b)} runs, this tree {len(a)}"
+    return (f"**batch sizes identical to {name}'s** in all {len(a)} runs ({iterations} "
+            "iterations)")
 
 
 def baseline(rev, seeds, noise):
@@ -190,12 +221,20 @@ def main():
     for noise in (float(x) for x in args.noise.split(",")):
         progress(f"noise {noise}: this tree")
         results, names = [simulate(args.seeds, noise)], ["now"]
+        same = None
         if args.baseline:
             progress(f"noise {noise}: {args.baseline}")
             results.append(baseline(args.baseline, args.seeds, noise))
             names.append(args.baseline)
+            same = identical(results[0], results[1], args.baseline)
+            progress(same)
+        for r in results:
+            r.pop("splits", None)
         payload[str(noise)] = dict(zip(names, results))
-        sections.append(table(results, names, noise, args.seeds))
+        if same is not None:
+            payload[str(noise)]["identical"] = same
+        sections.append(table(results, names, noise, args.seeds)
+                        + (f"\n\n{same}" if same else ""))
     head = ("# The auto time model in simulation\n\nA real Coordinator fed simulated "
             "iteration times (see the docstring of benchmarks/time_model.py); deterministic: "
             "the same seeds give the same figures on any machine.")

@@ -222,6 +222,13 @@ def cli(verbose):
 @click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
 @click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
               help="Extra ssh -o option (repeatable).")
+@click.option("--relay", type=click.Choice(["auto", "off"]), default=_default("relay"),
+              show_default=True,
+              help="auto: one relay process on every host with two or more workers: they "
+                   "talk to it, and it sends the coordinator their reports and dones of an "
+                   "iteration in one message (the coordinator's work per iteration stays "
+                   "small at hundreds of workers); off: every worker talks to the "
+                   "coordinator itself.")
 @click.option("--remote-python", metavar="PATH",
               help="Python on the remote hosts (default: this one's path, "
                    "i.e. the same virtualenv everywhere).")
@@ -250,7 +257,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
-           remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
+           relay, remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
            command, **mode_values):
 
     configure_logging(verbose)
@@ -265,7 +272,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port,
         ssh_identity=ssh_identity,
-        ssh_options=parse_ssh_options(ssh_option_items), remote_python=remote_python,
+        ssh_options=parse_ssh_options(ssh_option_items), relay=relay,
+        remote_python=remote_python,
         dry_run=dry_run, mode_options={_MODE_PARAMS[k]: v for k, v in mode_values.items()},
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts)

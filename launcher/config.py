@@ -31,6 +31,8 @@ from .hostfile import MAX_WORKERS, Host, parse_hosts
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: --emulate-compute's most (ms per sample): a minute, already hours per iteration
 MAX_SAMPLE_MS = 60_000.0
+#: --relay: a relay per host of two or more workers (auto), or every worker on its own (off)
+RELAY_CHOICES = ("auto", "off")
 
 
 def _cwd() -> str:
@@ -212,6 +214,8 @@ class LaunchConfig:
     resume: Optional[str] = None
     restarts: int = 0
     launcher: Optional[str] = None            # local | ssh | slurm; None: detected
+    #: auto: a relay (mxlbbsp.relay) on every host with two or more workers; off: none
+    relay: str = "auto"
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -223,6 +227,8 @@ class LaunchConfig:
     hosts: List[Host] = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self):
+        if self.relay not in RELAY_CHOICES:
+            raise ConfigError(f"--relay {self.relay!r}: choose one of {', '.join(RELAY_CHOICES)}")
         self.command = list(self.command or [])
         if not self.command:
             raise ConfigError("missing the command to run: put it after --, e.g. "

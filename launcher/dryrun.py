@@ -30,7 +30,8 @@ def describe(config: LaunchConfig, transport: _transport.Transport, hosts: Seque
     chosen = {_env.TOKEN: "<secret>", _env.PS_ROOT_PORT: "<free port>",
               _env.COORDINATOR: f"{bind}:<free port>"}
     for p in roles.all:
-        shown = {k: chosen.get(k, v) for k, v in sorted(p.env.items())
+        shown = {k: v if v.startswith("unix:") else chosen.get(k, v)   # a relay's socket
+                 for k, v in sorted(p.env.items())
                  if k.startswith(("DMLC_", "MXLBBSP_")) or k == "OMP_NUM_THREADS"}
         env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
         where = "local" if p is roles.scheduler else p.host

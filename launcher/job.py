@@ -197,13 +197,15 @@ class Job:
         port = self._start_scheduler(coord_addr)
         if port is None:
             return self.interrupted() if self.signal else 1
-        for p in self.roles.servers + self.roles.workers:
+        for p in self.roles.servers + self.roles.relays + self.roles.workers:
             p.start()
         if self._keepalive:
             threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
                              name="heartbeat", daemon=True).start()
-        self.output.say(f"started {len(self.roles.workers)} worker(s) and "
-                        f"{len(self.roles.servers)} server(s); sync={cfg.sync}, "
+        relays = len(self.roles.relays)
+        self.output.say(f"started {len(self.roles.workers)} worker(s)"
+                        + (f", {relays} relay(s)" if relays else "")
+                        + f" and {len(self.roles.servers)} server(s); sync={cfg.sync}, "
                         f"predictor={cfg.predictor}; scheduler {self.bind}:{port}, "
                         f"coordinator {coord_addr[0]}:{coord_addr[1]}")
         return Supervisor(self).run()
@@ -249,7 +251,7 @@ class Job:
     def _heartbeat(self, interval: float) -> None:
         """Until the teardown: an empty line to every remote guard every ``interval`` s."""
         while not self._stopped.wait(interval):
-            for p in self.roles.servers + self.roles.workers:
+            for p in self.roles.servers + self.roles.relays + self.roles.workers:
                 p.beat()
 
     def _teardown(self) -> None:

@@ -82,7 +82,8 @@ class RoleProcess:
     def __init__(self, role: str, rank: Optional[int], host: str, argv: List[str],
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
                  show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
-                 boot: bool = False, cpu_every: Optional[float] = None):
+                 boot: bool = False, cpu_every: Optional[float] = None,
+                 name: Optional[str] = None):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
@@ -101,8 +102,10 @@ class RoleProcess:
         self.cpu_every = cpu_every
         #: what its guard, its exit hook and its refusals said (see :mod:`.said`)
         self.said = Said()
-        name = role if rank is None else f"{role} {rank}"
-        self.label = f"{name}@{host}" if show_host else name
+        short = role if rank is None else f"{role} {rank}"
+        self.label = f"{short}@{host}" if show_host else short
+        #: what the launcher's lines call it ("worker 3", "the relay of node2")
+        self.name = name or short
         self.proc: Optional[subprocess.Popen] = None
         #: set when the guard has said it started: the transport is connected
         self.connected = threading.Event()

@@ -1,5 +1,12 @@
 """The roles of a job and their environments: the scheduler (always on this machine), the
-servers and the workers, each a :class:`~.procs.RoleProcess` built, not started.
+servers, the hosts' relays and the workers, each a :class:`~.procs.RoleProcess` built, not
+started.
+
+A host with two or more workers gets a relay (``python -m mxlbbsp.relay``, ``--relay
+auto``): its workers' ``MXLBBSP_COORDINATOR`` is the relay's Unix socket on that host
+(``unix:@mxlbbsp-JOB-I``, in the abstract namespace: no file), and the relay reaches the
+coordinator (``_env.relay_env``); a host of one worker has it talk to the coordinator
+itself, as every worker does with ``--relay off``.
 
 What each role gets: ``PYTHONUNBUFFERED``; what the transport forwards from this process
 (over SSH: ``PATH``, ``MXNET_*``, ...); ps-lite's ``DMLC_*`` variables (``_env.ps_env``); the
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import sys
 from typing import Dict, List, Optional
 
@@ -34,11 +42,13 @@ class Roles:
     scheduler: RoleProcess
     servers: List[RoleProcess]
     workers: List[RoleProcess]
+    relays: List[RoleProcess] = dataclasses.field(default_factory=list)
 
     @property
     def all(self) -> List[RoleProcess]:
-        """Every role, in the order they start: the scheduler, the servers, the workers."""
-        return [self.scheduler] + self.servers + self.workers
+        """Every role, in the order they start: the scheduler, the servers, the relays, the
+        workers."""
+        return [self.scheduler] + self.servers + self.relays + self.workers
 
 
 class RoleBuilder:
@@ -54,6 +64,8 @@ class RoleBuilder:
         self.resume_from = resume_from
         self.output = output
         self._local = _transport.Transport(config)     # the scheduler's: this machine
+        #: the relays' Unix sockets are named after this (unique on every host)
+        self.job_id = secrets.token_hex(6)
 
     def build(self, bind: str, scheduler_port: int, coordinator_addr) -> Roles:
         cfg = self.config
@@ -70,11 +82,25 @@ class RoleBuilder:
             env = self._ps_env("server", host, bind, scheduler_port, None)
             argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
             servers.append(self._role("server", r, host, argv, env))
+        relays, relay_of = [], {}
+        if cfg.relay == "auto":
+            for host in self.placement.workers:
+                if per_host[host.name] >= 2 and host.name not in relay_of:
+                    i = len(relays)
+                    listen = f"\0mxlbbsp-{self.job_id}-{i}"
+                    relay_of[host.name] = listen
+                    env = self._base_env(None)
+                    env.update(_env.relay_env(listen, coordinator_addr, self.token, host.name,
+                                              per_host[host.name]))
+                    relays.append(self._role("relay", i, host,
+                                             [self.transport.python(host), "-m", "mxlbbsp.relay"],
+                                             env, name=f"the relay of {host.name}"))
         workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
             env = self._ps_env("worker", host, bind, scheduler_port, per_host[host.name])
-            env.update(_env.worker_env(r, cfg.sync, coordinator_addr, self.token, host.name,
+            env.update(_env.worker_env(r, cfg.sync, relay_of.get(host.name, coordinator_addr),
+                                       self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0,
                                        cfg.signal_columns, local[r]))
@@ -83,7 +109,7 @@ class RoleBuilder:
                                            self.resume_from))
             workers.append(self._role("worker", r, host, list(cfg.command), env,
                                       boot=True, watched=True))
-        return Roles(scheduler, servers, workers)
+        return Roles(scheduler, servers, workers, relays)
 
     def _base_env(self, procs_on_host: Optional[int]) -> Dict[str, str]:
         """``procs_on_host``: the job's workers on the host; None for the scheduler and the
@@ -108,9 +134,11 @@ class RoleBuilder:
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,
-              boot: bool = False, watched: bool = False) -> RoleProcess:
+              boot: bool = False, watched: bool = False,
+              name: Optional[str] = None) -> RoleProcess:
         """``transport``: the scheduler's (this machine); None: the job's. ``watched``: a
-        remote guard reports the command's CPU use and its stopped state."""
+        remote guard reports the command's CPU use and its stopped state. ``name``: what the
+        launcher's lines call it (default: role and rank)."""
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
         keepalive = self.transport.keepalive
@@ -123,7 +151,7 @@ class RoleBuilder:
                            transport or self.transport.guard_argv(host, label), self.output,
                            show_host=self.transport.remote, silence=silence, boot=boot,
                            cpu_every=CPU_EVERY if watched and self.transport.reports_cpu
-                           else None)
+                           else None, name=name)
         proc.via = self._local if local else self.transport
         proc.hide = proc.via.hide
         return proc

@@ -89,7 +89,8 @@ class Supervisor:
         """The exit code of the first role found ended non-zero (after saying why), None
         while there is none."""
         roles = self.roles
-        for p in roles.workers + roles.servers + [roles.scheduler]:
+        # a relay first: its workers end because it did (they lose their connection)
+        for p in roles.relays + roles.workers + roles.servers + [roles.scheduler]:
             rc = p.poll()
             if rc == 0:
                 p.release_error()
@@ -100,7 +101,7 @@ class Supervisor:
                 continue                          # its transport is being started again
             last_early = p.flush_early()
             p.drain_output(1.0)     # its exit hook's last line, if it wrote one
-            name = p.role if p.rank is None else f"{p.role} {p.rank}"
+            name = p.name
             guard_rc = p.proc.returncode if p.proc is not None else None
             ended = diagnosis.Ended(
                 name=name, host=p.host, remote=p.via.remote, transport=p.via.name, rc=rc,
@@ -124,6 +125,8 @@ class Supervisor:
         """Every worker exited 0: the servers and the scheduler end once the workers have
         finalised (10 s in all); the summary; 0."""
         deadline = time.monotonic() + 10.0
+        # (a relay ends by itself once its workers have, or is stopped with the job: a
+        # script without mxlbbsp's loader never connects to it)
         for p in self.roles.servers + [self.roles.scheduler]:
             p.wait(max(0.0, deadline - time.monotonic()))
         job = self.job

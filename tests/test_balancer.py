@@ -298,3 +298,39 @@ def test_the_balancer_says_why_it_chose_a_split():
     assert b.decision == "the same split (still the predicted best)"
     b.allocate(model, 64)
     assert b.decision == "new split (no current one)"
+
+
+def _greedy_by_heap(batch, a, v, hi, remaining):
+    """The one-at-a-time greedy completion as allocate() did it before it was done in arrays:
+    the reference its choices must equal."""
+    import heapq
+    heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(len(batch))
+            if batch[i] < hi[i]]
+    heapq.heapify(heap)
+    for _ in range(remaining):
+        _, _, i = heapq.heappop(heap)
+        batch[i] += 1
+        if batch[i] < hi[i]:
+            heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], -v[i], i))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(1, 60), st.sampled_from(["spread", "equal", "rounded"]), st.booleans(),
+       st.booleans(), st.data())
+def test_the_greedy_completion_in_arrays_chooses_what_the_heap_did(n, speeds, fixed, capped,
+                                                                   data):
+    from mxlbbsp.core import split as S
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1)))
+    v = {"spread": rng.uniform(10, 1000, n), "equal": np.full(n, rng.uniform(10, 1000)),
+         "rounded": np.round(rng.uniform(1, 20, n))}[speeds]
+    a = rng.uniform(0, 0.01, n) if fixed else np.zeros(n)      # ties in time with equal v
+    batch = rng.integers(1, 50, n)
+    hi = batch + rng.integers(0, 40, n) if capped else np.full(n, 10 ** 9)
+    live = int((hi > batch).sum())
+    if live == 0:
+        return
+    remaining = data.draw(st.integers(1, live))
+    mine, theirs = batch.copy(), batch.copy()
+    S._complete(mine, a, v, hi, remaining)
+    _greedy_by_heap(theirs, a, v, hi, remaining)
+    assert mine.tolist() == theirs.tolist()

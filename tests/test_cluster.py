@@ -66,8 +66,10 @@ def test_lbbsp_run_succeeds(lbbsp_run):
 
 
 def test_lbbsp_ends_with_the_parameters_of_one_process(lbbsp_run, tmp_path):
+    """... through the host's relay (--relay auto, two workers on this host: issue 26)."""
     tmp, r = lbbsp_run
     assert r.rc == 0, r.output
+    assert "started 2 worker(s), 1 relay(s)" in r.stderr, r.output
     dist = mx.nd.load(str(tmp / "lbbsp.params"))
     single = single_process(tmp_path, TRAIN)
     assert relative_difference(dist, single) <= 1e-4
@@ -123,12 +125,14 @@ def test_progress_lines_are_printed(lbbsp_run):
 
 
 def test_bsp_splits_equally_and_is_exact_too(tmp_path):
-    # with data-loading processes feeding a hybridized network, too
+    # with data-loading processes feeding a hybridized network, too; and every worker
+    # talking to the coordinator itself (--relay off), the path of a host of one worker
     r = run_mxlbbsp("launch", "-n", 2, "--sync", "bsp", "--emulate-slowdown", "1,3",
-                    "--metrics", tmp_path / "m.jsonl", "--progress", "0",
+                    "--metrics", tmp_path / "m.jsonl", "--progress", "0", "--relay", "off",
                     "--", PY, EXAMPLE, *TRAIN, "--epochs", "1", "--loader-workers", "2",
                     "--save-params", tmp_path / "bsp.params")
     assert r.rc == 0, r.output
+    assert "started 2 worker(s) and 1 server(s)" in r.stderr, r.output     # no relay
     _, by_iter = records(tmp_path / "m.jsonl")
     assert all(it[0]["batch_size"] - it[1]["batch_size"] in (0, 1) for it in by_iter.values())
     single = single_process(tmp_path, TRAIN + ["--epochs", "1"])

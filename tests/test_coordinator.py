@@ -285,7 +285,7 @@ def test_a_worker_ending_early_fails_the_job_whatever_the_order(coordinator, bye
     else:
         s0._t_end -= 0.1
         s0.gradients_ready()
-        assert _wait(lambda: c._last_report.get(0) == 3)
+        assert _wait(lambda: c.collect.last_report[0] == 3)
         s1.close()
     assert _wait(lambda: c.failure is not None)
     assert c.failure_fatal

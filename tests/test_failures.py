@@ -263,6 +263,31 @@ def test_kill_9_of_a_guard_ends_its_role_and_the_job():
     assert wait_no_leftovers(job.marker) == []
 
 
+@pytest.mark.parametrize("what", ["relay", "guard"])
+def test_a_killed_relay_ends_the_job_naming_its_host(what):
+    """Issue 26: the host's relay (--relay auto: two workers on this host) killed with -9,
+    itself or its guard: the job ends with one line that names it and its host, not its
+    workers' lost connections, and leaves nothing behind."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--", PY, SCRIPT, "--fail", "none",
+                   "--iterations", 100000, "--sleep", "0.05"])
+    try:
+        job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
+        job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
+        relay = next(p for p in processes_with(job.marker)
+                     if "mxlbbsp.relay" in " ".join(p.cmdline()))
+        (relay if what == "relay" else relay.parent()).kill()
+        rc = job.finish()
+    finally:
+        job.close()
+    assert rc == 137, job.output
+    errors = [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
+    assert len(errors) == 1, job.output
+    said = ("the relay of localhost was killed by SIGKILL" if what == "relay" else
+            "the relay of localhost exited with code 137: its guard was killed (SIGKILL)")
+    assert said in errors[0], job.output
+    assert wait_no_leftovers(job.marker) == []
+
+
 # ---- the stall limit and its option (no processes) -------------------------------------------
 
 def test_the_automatic_stall_limit_follows_the_jobs_own_iteration_times():

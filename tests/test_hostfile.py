@@ -179,15 +179,17 @@ def test_dry_run_prints_placement_and_commands_and_starts_nothing(tmp_path):
     assert r.rc == 0, r.output
     assert not started.exists()
     rows = [line.split(None, 3) for line in r.stdout.splitlines()
-            if line.split(None, 1)[0] in ("scheduler", "server", "worker")]
+            if line.split(None, 1)[0] in ("scheduler", "server", "relay", "worker")]
     assert [row[:3] for row in rows] == [
         ["scheduler", "-", "local"],
         ["server", "0", "127.0.0.1"], ["server", "1", "127.0.0.2"],
+        ["relay", "0", "127.0.0.2"],             # the host of two workers has one
         ["worker", "0", "127.0.0.1"], ["worker", "1", "127.0.0.2"],
         ["worker", "2", "127.0.0.2"]]
     assert rows[-1][3] == f"touch {started}"
+    assert rows[3][3].endswith(" -m mxlbbsp.relay")
     via = [line.split("via: ", 1)[1] for line in r.stdout.splitlines() if "via: " in line]
-    assert len(via) == 5                         # every role but the local scheduler
+    assert len(via) == 6                         # every role but the local scheduler
     assert via[0].startswith("ssh ") and via[0].endswith(
         "-p 2200 127.0.0.1 'exec " + sys.executable +
         " -m mxlbbsp.launcher.guard'")

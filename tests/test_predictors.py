@@ -8,6 +8,8 @@ least squares is checked against np.linalg.lstsq.
 import sys
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 
@@ -330,6 +332,49 @@ def test_narx_fast_helpers_compute_what_numpy_does():
     assert np.array_equal(narx._clip(x, -4.0, 4.0), np.clip(x, -4.0, 4.0), equal_nan=True)
     lo, hi = np.array([[-1.0, 0.0, 0.0, 10.0]]), np.array([[1.0, np.inf, 0.1, 11.0]])
     assert np.array_equal(narx._clip(x, lo, hi), np.clip(x, lo, hi), equal_nan=True)
+
+
+def test_narx_sorted_window_is_np_sort_of_the_ring_ties_included():
+    """The ring of |changes| kept sorted one step at a time (narx._slide: the median of the
+    window in two reads, on the critical path) is np.sort of the ring after every step,
+    as it grows and once it turns, with ties (zeros repeat) and a value equal to the one
+    leaving."""
+    from mxlbbsp.predictors import narx
+    rng = np.random.default_rng(0)
+    rows, W = 50, 8
+    ring, window = np.zeros((rows, W)), np.zeros((rows, 0))
+    for step in range(40):
+        new = np.abs(rng.normal(size=rows)) * (rng.random(rows) < 0.6)
+        if step % 5 == 0:
+            new[:10] = ring[:10, step % W]          # the same value in as goes out
+        old = ring[:, step % W].copy() if step >= W else None
+        ring[:, step % W] = new
+        window = narx._slide(window, new, old)
+        assert np.array_equal(window, np.sort(ring[:, :min(step + 1, W)], axis=1)), step
+
+
+@pytest.mark.parametrize("kernel", ["biweight", "gauss"])
+def test_narx_forecasts_do_not_depend_on_its_work_arrays(kernel):
+    """The sorted window and the work arrays are caches: a NARX restored from a state (none
+    of them) forecasts what the one that kept them does, bit for bit; and so does one whose
+    memory holds a bad pair (a NaN speed: the masked paths)."""
+    rng = np.random.default_rng(5)
+    a = predictors.create("narx", 6, 3, kernel=kernel)
+    b = None
+    for t in range(300):
+        speed = rng.uniform(50, 60, 6)
+        if t % 40 == 7:
+            speed[2] = np.nan
+        exog = rng.normal(size=(6, 3))
+        a.observe(speed, exog)
+        if b is not None:
+            b.observe(speed, exog)
+            assert np.array_equal(a.predict(), b.predict()), t
+            b.learn()
+        a.learn()
+        if t == 120:                       # a checkpoint, as the coordinator takes it
+            b = predictors.create("narx", 6, 3, kernel=kernel)
+            b.load_state_dict(json.loads(json.dumps(a.state_dict())))
 
 
 def test_narx_refuses_a_state_of_the_older_memory_layout():

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import EXAMPLE, PY, run_mxlbbsp
 from mxlbbsp.core import protocol as P
+from mxlbbsp.core.frames import Rows
 from mxlbbsp.core import signals
 from mxlbbsp.analysis import trace as _trace
 from mxlbbsp.control.coordinator import Coordinator
@@ -168,7 +169,9 @@ def test_coordinator_feeds_the_chosen_columns_and_records_every_signal(tmp_path)
     reports = {r: dict(P.report(1, 8, 0.1, 50.0 + r, 20.0, 1.0, 16,
                                 {"runq": 2.0 + r, "others_cpu": 30.0}), time=0.0)
                for r in range(2)}
-    c._on_iteration(1, reports)
+    for r in range(2):          # as they reach the coordinator (Collector), then decide
+        decided = c.collect.reports(Rows.from_messages([r], [dict(reports[r])], 0.0))
+    c.decide(*decided)
     np.testing.assert_array_equal(seen[0], [[2.0, 50.0], [3.0, 51.0]])
     rec = record(1, 0, reports[0], None, None, "a", None, 0, {}, "lbbsp", "last")
     assert rec["runq"] == 2.0 and rec["others_cpu"] == 30.0

@@ -541,6 +541,43 @@ def test_an_inline_host_list_and_local_ranks_over_two_hosts(sshd, tmp_path):
     assert_nothing_left(sshd, r.marker)
 
 
+def test_two_hosts_of_two_workers_train_through_their_relays(sshd, tmp_path, running):
+    """Issue 26 at its smallest: 2 emulated hosts x 2 workers over SSH, each host's workers
+    behind its relay (started over SSH under a guard, like every role); the metrics load
+    in `mxlbbsp report`. Then a relay killed on 127.0.0.2 ends the next job, named with its
+    host."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
+    metrics = tmp_path / "m.jsonl"
+    r = run_mxlbbsp(*launch(sshd, hosts, "--metrics", metrics), "--", *TRAIN,
+                    "--batch-size", "32", "--iterations", "10", "--log-interval", "0",
+                    timeout=240)
+    assert r.rc == 0, r.output
+    assert "started 4 worker(s), 2 relay(s) and 1 server(s)" in r.stderr, r.output
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(x["iteration"], x["rank"]) for x in rows] == [(t, k) for t in range(10)
+                                                         for k in range(4)]
+    assert {x["host"] for x in rows} == {"127.0.0.1", "127.0.0.2"}
+    report = run_mxlbbsp("report", metrics, "-o", tmp_path / "report", timeout=180)
+    assert report.rc == 0, report.output
+    assert (tmp_path / "report" / "index.html").exists()
+    assert_nothing_left(sshd, r.marker)
+
+    job = running(launch(sshd, hosts) + ["--progress", "1", "--", *TRAIN, "--epochs", "1000"])
+    job.wait_for(r"started 4 worker\(s\), 2 relay\(s\)")
+    job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]", timeout=180)
+    relay = next(p for p in processes_with(job.marker)
+                 if "mxlbbsp.relay" in " ".join(p.cmdline())
+                 and p.environ().get("MXLBBSP_HOST") == "127.0.0.2")
+    relay.kill()
+    assert job.wait(120) == 137, job.output
+    errors = [line for line in job.lines if "error:" in line]
+    assert len(errors) == 1, job.output
+    assert "the relay of 127.0.0.2 was killed by SIGKILL" in errors[0], job.output
+    assert "on 127.0.0.2" in errors[0], job.output
+    assert_nothing_left(sshd, job.marker)
+
+
 @pytest.mark.parametrize("command, needle", [
     (["./script.sh"], "permission denied: './script.sh' is not executable; make it executable"),
     (["python", "no_such_script.py"], "python: can't open file 'no_such_script.py': no such "

@@ -17,12 +17,20 @@ coordinator policy validates the hellos, gives the first split and plans each ne
 ``bsp`` and ``asp`` the workers split the batch equally by themselves and never wait for the
 coordinator; it still predicts, so that predictors can be compared on any run.
 
-The rooms: :mod:`.connection` (the workers' connections, refusals, what is written to
-them), :mod:`.speed` (predictor, time-model fit, the ``auto`` regime), :mod:`.recorder`
-(metrics records, totals, written by a thread of their own), :mod:`.registration` (the
-checks of the workers' hellos); this module is the iteration flow, the lifecycle and the
-checkpoint state that ties them together. (About 500 lines: the message handlers share one
-state, which worker has sent what of which iteration, and read best side by side.)
+Its peers are the workers, each directly or through its host's relay (:mod:`mxlbbsp.relay`:
+one connection per host, a host's reports and dones of an iteration in one frame). Either
+way the reports and dones reach the iteration flow as batches (:class:`~mxlbbsp.core.
+frames.Rows`), handled as arrays: a relay's section, or one message of a worker connected
+directly; every other message as the worker sent it.
+
+The rooms: :mod:`.connection` (the peers' connections, refusals, what is written to them),
+:mod:`.inbox` (what comes in on them: hellos, lines, frames, dispatched to the handlers
+here), :mod:`.collect` (each iteration's reports and dones as arrays), :mod:`.speed` (predictor,
+time-model fit, the ``auto`` regime), :mod:`.recorder` (metrics records, totals, written by
+a thread of their own), :mod:`.registration` (the checks of the workers' hellos); this
+module is the iteration flow, the lifecycle and the checkpoint state that ties them
+together. (About 450 lines: the message handlers share one state, which worker has sent what
+of which iteration, and read best side by side.)
 
 No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
 """
@@ -38,8 +46,10 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mxlbbsp import modes as _modes
+from mxlbbsp.control.collect import Collector
 from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
 from mxlbbsp.control.connection import Connection, Links
+from mxlbbsp.control.inbox import Inbox
 from mxlbbsp.control.recorder import Recorder
 from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
 from mxlbbsp.control.speed import SpeedModel
@@ -53,12 +63,12 @@ log = logging.getLogger(__name__)
 ALLOC_LATENCY_KEPT = 100_000
 
 
-class Coordinator:
+class Coordinator(Inbox):
     """The coordination service of one job. ``start()`` it, hand its address to the workers.
 
     Over 250 lines: the iteration flow (hello, report, done, log, bye) and the lifecycle
     share the job's state (which worker sent what of which iteration); the rooms it hands
-    work to (connection, speed, recorder, registration) hold the rest.
+    work to (connection, inbox, collect, speed, recorder, registration) hold the rest.
     """
 
     def __init__(self, config: CoordinatorConfig):
@@ -76,21 +86,23 @@ class Coordinator:
         self.balancer = _split.Balancer(config.threshold, config.min_batch or 1,
                                        config.max_batch,
                                        prefer_equal=config.time_model == "auto")
-        self.links = Links(self._fail)
-        self.recorder = Recorder(config.metrics_path, config.tensorboard_dir, config.warmup,
+        n = config.num_workers
+        self.links = Links(self._fail, n)
+        self.recorder = Recorder(n, config.metrics_path, config.tensorboard_dir, config.warmup,
                                  append=config.resume_manifest is not None, fail=self._fail,
                                  sync=config.sync, predictor=config.predictor)
+        self.collect = Collector(n, config.exog)
         self._policy = _modes.get(config.sync).policy(self, config.sync_options)
+        base = _modes.CoordinatorPolicy
+        #: the policy's per-worker hooks, when it has any (each row then as a message)
+        self._hooks = {P.REPORT: type(self._policy).on_report is not base.on_report,
+                       P.DONE: type(self._policy).on_done is not base.on_done}
         self._hellos: Dict[int, dict] = {}
+        self._hosts: List[Optional[str]] = [None] * n      # rank -> its host (records)
         self._byes: set = set()
+        self._bye_mask = np.zeros(n, dtype=bool)
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
-        self._last_report: Dict[int, int] = {}       # rank -> its latest report's iteration
-        self._reports: Dict[int, Dict[int, dict]] = {}
-        #: iteration -> per worker [batch, compute_s, the --exog columns...], filled as the
-        #: reports arrive, so that the last report does not wait for n dicts to be read
-        self._columns: Dict[int, np.ndarray] = {}
         self._sizes: Optional[np.ndarray] = None
-        self._done_count: Dict[int, int] = {}
         self._iteration = -1
         self._samples = 0
         self._recent: List[tuple] = []               # (monotonic time, samples) per iteration
@@ -123,7 +135,7 @@ class Coordinator:
         the speed model, the split, and the metrics records and summary's totals through the
         last finished iteration (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
-            self._iteration, self._hellos, self.speed.predictor.fallbacks,
+            self._iteration, self._hosts, self.speed.predictor.fallbacks,
             self._policy.record_fields)
         return {"iteration": self._iteration, "num_workers": self.config.num_workers,
                 **self.speed.state_dict(),
@@ -236,60 +248,16 @@ class Coordinator:
         if len(hellos) < n:
             return Waiting(None, "hello", [r for r in range(n) if r not in hellos])
         t = self._iteration + 1
-        parts = [self.recorder.parts.get((t, r)) or {} for r in range(n)]
-        missing = [r for r in range(n) if "report" not in parts[r]]
-        if missing:
-            return Waiting(t, "report", missing)
-        return Waiting(t, "done", [r for r in range(n) if "done" not in parts[r]])
+        reported, done = self.collect.waiting(t)
+        if not reported.all():
+            return Waiting(t, "report", np.flatnonzero(~reported).tolist())
+        return Waiting(t, "done", np.flatnonzero(~done).tolist())
 
     # ---- messages ---------------------------------------------------------------------------
 
-    def on_line(self, conn: Connection, line: bytes) -> bool:
-        """One message of a connection; False when the connection is done with."""
-        rank = conn.rank
-        try:
-            # before authentication nothing longer than a hello is parsed
-            msg = P.decode(line, P.MAX_HELLO if rank is None else P.MAX_LINE)
-            kind = msg["type"]
-            if rank is None:
-                if kind != P.HELLO or not P.token_ok(msg, self.config.token):
-                    self.links.refuse(conn, "bad hello or token")
-                    return False
-                conn.rank = self._on_hello(msg, conn.transport)
-                if conn.rank is None:
-                    conn.transport.close()
-                    return False
-            elif kind == P.REPORT:
-                self._on_report(rank, msg)
-            elif kind == P.DONE:
-                self._on_done(rank, msg)
-            elif kind == P.LOG:
-                self._on_log(rank, msg)
-            elif kind == P.BYE:
-                self._on_bye(rank, msg)
-            elif not self._policy.on_message(rank, msg):
-                raise P.ProtocolError(f"unexpected message {kind!r}")
-        except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            if rank is None:
-                self.links.refuse(conn, str(exc) if isinstance(exc, P.ProtocolError)
-                                  else "malformed hello")
-            else:
-                self.links.reject(conn, str(exc) if not isinstance(exc, RecursionError)
-                                  else "message nested too deeply")
-            return False
-        return True
-
-    _on_line = on_line          # the name tests and benchmarks feed lines through
-
-    def on_lost(self, conn: Connection) -> None:
-        rank = conn.rank
-        if rank is not None and rank not in self._byes and self.failure is None \
-                and self.links.writers.get(rank) is conn.transport:
-            self._fail(f"worker {rank} lost its connection to the coordinator before it "
-                       "finished", fatal_for_workers=False)
-
     def _on_bye(self, rank: int, msg: dict) -> None:
         self._byes.add(rank)
+        self._bye_mask[rank] = True
         last = msg.get("iteration")
         if isinstance(last, int) and not isinstance(last, bool):
             self._bye_at[rank] = last
@@ -305,7 +273,8 @@ class Coordinator:
         if not self._bye_at or self.failure is not None \
                 or not _modes.get(self.config.sync).barrier:
             return                  # without a barrier per iteration nobody waits for it
-        problem = uneven_end(self._bye_at, self._last_report)
+        last = self.collect.last_report.tolist()
+        problem = uneven_end(self._bye_at, {r: t for r, t in enumerate(last) if t >= 0})
         if problem:
             self._fail(problem)
 
@@ -336,17 +305,24 @@ class Coordinator:
 
     # ---- registration ---------------------------------------------------------------------
 
-    def _on_hello(self, msg: dict, writer) -> Optional[int]:
+    def _on_hello(self, msg: dict, writer, relay=None) -> Optional[int]:
+        """A worker's hello (``writer``: its own transport, or :class:`ViaRelay`); its rank
+        once registered, else None (after an error to it)."""
         n = self.config.num_workers
         rank = msg.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < n:
             writer.write(P.encode(P.error(f"rank {rank!r} is outside 0..{n - 1}")))
+            if relay is not None:
+                writer.close()
             return None
         if rank in self._hellos:
             writer.write(P.encode(P.error(f"rank {rank} connected twice")))
+            if relay is not None:
+                writer.close()
             return None
         self._hellos[rank] = msg
-        self.links.writers[rank] = writer
+        self._hosts[rank] = msg.get("host")
+        self.links.register(rank, writer, relay)
         if len(self._hellos) == n:
             hellos = [self._hellos[r] for r in range(n)]
             problem = check_hellos(hellos, self.config, self._policy, self.balancer) \
@@ -364,53 +340,43 @@ class Coordinator:
 
     # ---- iterations -----------------------------------------------------------------------
 
-    def _on_report(self, rank: int, msg: dict) -> None:
-        t = int(msg["iteration"])
-        batch = msg["batch_size"]
-        compute = msg.get("compute_s")
-        if not isinstance(batch, int) or batch < 1 or compute is None or not compute > 0:
-            raise P.ProtocolError(f"report of iteration {t} has batch_size={batch}, "
-                                  f"compute_s={compute}")
-        msg["time"] = time.time()
-        if msg.get("batchnorm") and self.config.min_batch is None and self._hellos:
-            # the model has BatchNorm layers: keep its statistics sane (auto_min_batch)
-            self.balancer.min_batch = max(self.balancer.min_batch, auto_min_batch(
-                int(self._hellos[0]["global_batch_size"]), self.config.num_workers, True))
-        if t > self._last_report.get(rank, -1):
-            self._last_report[rank] = t
+    def _on_rows(self, rows) -> None:
+        """A batch of reports, or of dones, of one iteration (:class:`~mxlbbsp.core.frames.
+        Rows`); WorkerError for a malformed one."""
+        if rows.what == P.REPORT:
+            decided = self.collect.reports(rows)
+            if rows.kind("batchnorm") is not None and self.config.min_batch is None \
+                    and self._hellos and any(rows.values("batchnorm")):
+                # the model has BatchNorm layers: keep its statistics sane (auto_min_batch)
+                self.balancer.min_batch = max(self.balancer.min_batch, auto_min_batch(
+                    int(self._hellos[0]["global_batch_size"]), self.config.num_workers, True))
             if self._bye_at:
                 self._check_even()
-        # The metrics record is built by the recorder's thread: nothing on the path from the
-        # last report to the broadcast that need not be there.
-        self.recorder.part(t, rank)["report"] = msg
-        self._policy.on_report(rank, msg)
-        n = self.config.num_workers
-        columns = self._columns.get(t)
-        if columns is None:
-            columns = self._columns[t] = np.full((n, 2 + max(len(self.config.exog), 1)),
-                                                 np.nan)
-        columns[rank, :2 + len(self.config.exog)] = (
-            batch, compute, *[_nan(msg.get(c)) for c in self.config.exog])
-        reports = self._reports.setdefault(t, {})
-        reports[rank] = msg
-        if len(reports) == n:
-            del self._reports[t]
-            self._on_iteration(t, reports, self._columns.pop(t))
+            # The metrics records are built by the recorder's thread: nothing on the path
+            # from the last report to the broadcast that need not be there.
+            self.recorder.add(rows)
+            if self._hooks[P.REPORT]:
+                for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+                    self._policy.on_report(rank, msg)
+            if decided is not None:
+                self.decide(*decided)
+            return
+        self.recorder.add(rows)
+        if self._hooks[P.DONE]:
+            for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+                self._policy.on_done(rank, msg)
+        samples = self.collect.dones(rows)
+        if samples is not None:
+            self._finished(rows.iteration, samples)
 
-    def _on_iteration(self, t: int, reports: Dict[int, dict],
-                      columns: Optional[np.ndarray] = None) -> None:
-        """All n reports of iteration t are in (``columns``: what _on_report collected of
-        them; None: read from the reports)."""
+    def decide(self, t: int, next_B: Optional[int], columns: np.ndarray) -> None:
+        """All n reports of iteration t are in: learn from them and split t+1.
+        ``columns``: per worker [batch, compute_s, the --exog columns...] (Collector);
+        ``next_B``: rank 0's next_global_batch."""
         started = time.perf_counter()
-        if columns is None:
-            n = self.config.num_workers
-            columns = np.array([[reports[r]["batch_size"], reports[r]["compute_s"],
-                                 *([_nan(reports[r].get(c)) for c in self.config.exog]
-                                   or [np.nan])] for r in range(n)], dtype=float)
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
         exog = np.ascontiguousarray(columns[:, 2:])
-        next_B = reports[0].get("next_global_batch")
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
@@ -447,26 +413,17 @@ class Coordinator:
         if not isinstance(t, int) or isinstance(t, bool):
             raise P.ProtocolError("a log message needs an integer iteration")
         values = P.scalars_of(msg)
-        if t <= self.recorder.logged.get(rank, -1):
+        if t <= self.recorder.logged[rank]:
             log.debug("worker %d logged values of iteration %d after its record was written; "
                       "left out", rank, t)
             return
-        self.recorder.part(t, rank).setdefault("scalars", {}).update(values)
+        self.recorder.add_scalars(t, rank, values)
 
-    def _on_done(self, rank: int, msg: dict) -> None:
-        t = int(msg["iteration"])
-        self.recorder.part(t, rank)["done"] = msg
-        self._policy.on_done(rank, msg)
-        count = self._done_count.get(t, 0) + 1
-        if count < self.config.num_workers:
-            self._done_count[t] = count
-            return
-        self._done_count.pop(t, None)
+    def _finished(self, t: int, samples: int) -> None:
+        """All n dones of iteration t are in (``samples``: its global batch)."""
         if t > self._iteration:
             self._iteration = t
-            parts = self.recorder.parts
-            self._samples += sum(parts.get((t, r), {}).get("report", {}).get(
-                "batch_size", 0) for r in range(self.config.num_workers))
+            self._samples += samples
             now = time.monotonic()
             self._last_change = now
             self._recent.append((now, self._samples))
@@ -476,9 +433,9 @@ class Coordinator:
 
     def _flush_records(self, final: bool = False) -> None:
         """Hand every complete record (all of them at the end) to the recorder's writer."""
-        self.recorder.flush(self._iteration, self._last_report, self._byes, self._hellos,
-                            self.speed.predictor.fallbacks, self._policy.record_fields,
-                            final=final)
+        self.recorder.flush(self._iteration, self.collect.last_report, self._bye_mask,
+                            self._hosts, self.speed.predictor.fallbacks,
+                            self._policy.record_fields, final=final)
 
 
 def _shown(values, most: int = 16) -> str:
@@ -490,6 +447,3 @@ def _shown(values, most: int = 16) -> str:
     return (f"min {values.min():.0f}, median {np.median(values):.0f}, max "
             f"{values.max():.0f} over {len(values)} workers")
 
-
-def _nan(x) -> float:
-    return float("nan") if x is None else float(x)

@@ -37,6 +37,27 @@ log = logging.getLogger(__name__)
 _encode = json.JSONEncoder(allow_nan=False).encode
 
 
+class Parts:
+    """What has come of iteration t's records: the reports and the dones (:class:`~mxlbbsp.
+    core.frames.Rows`, as they came: a relay's section or one worker's message), the
+    scalars logged, and per rank whether its report, its done, or anything at all is in."""
+
+    __slots__ = ("reports", "dones", "scalars", "has_report", "has_done", "present")
+
+    def __init__(self, n: int):
+        self.reports: list = []
+        self.dones: list = []
+        self.scalars: Dict[int, dict] = {}
+        self.has_report = np.zeros(n, dtype=bool)
+        self.has_done = np.zeros(n, dtype=bool)
+        self.present = np.zeros(n, dtype=bool)
+
+    def complete(self, t: int, last_report: np.ndarray, byes: np.ndarray) -> bool:
+        """Every worker with a part of t has its report and done in, and has moved on."""
+        ok = self.has_report & self.has_done & ((last_report > t) | byes)
+        return bool(np.all(ok | ~self.present))
+
+
 class Recorder:
     """The parts of every record not yet written, and the writer of the complete ones.
 
@@ -45,9 +66,10 @@ class Recorder:
     (None: call it directly, as after the loop ended).
     """
 
-    def __init__(self, metrics_path: Optional[str], tensorboard_dir: Optional[str],
-                 skip: int, append: bool, fail: Callable[..., None], sync: str = "lbbsp",
-                 predictor: str = ""):
+    def __init__(self, num_workers: int, metrics_path: Optional[str],
+                 tensorboard_dir: Optional[str], skip: int, append: bool,
+                 fail: Callable[..., None], sync: str = "lbbsp", predictor: str = ""):
+        self.n = num_workers
         self.sync, self.predictor = sync, predictor
         self.barrier = _modes.get(sync).barrier
         self.metrics_path = metrics_path
@@ -55,9 +77,10 @@ class Recorder:
         self.append = append                 # a resumed job appends to its metrics file
         self._fail = fail
         self.call_soon: Optional[Callable] = None
-        self.parts: Dict[tuple, dict] = {}   # (iteration, rank) -> report/done/scalars
+        self.parts: Dict[int, Parts] = {}    # iteration -> what has come of its records
         self.predicted: Dict[int, np.ndarray] = {}   # iteration -> predicted speeds
-        self.logged: Dict[int, int] = {}     # rank -> the last iteration handed to the writer
+        #: per rank, the last iteration handed to the writer (-1: none)
+        self.logged = np.full(num_workers, -1, dtype=np.int64)
         self.totals = _metrics.Totals(skip=skip)
         self.written = 0                     # records in the file (writer thread)
         self._lock = threading.Lock()        # the totals: read by summary() from any thread
@@ -69,17 +92,38 @@ class Recorder:
 
     # ---- the coordinator's thread -----------------------------------------------------------
 
-    def part(self, t: int, rank: int) -> dict:
-        """The parts of the record of worker ``rank`` at iteration ``t`` (created empty)."""
-        return self.parts.setdefault((t, rank), {})
+    def _parts(self, t: int) -> Parts:
+        parts = self.parts.get(t)
+        if parts is None:
+            parts = self.parts[t] = Parts(self.n)
+        return parts
 
-    def flush(self, iteration: int, last_report: Dict[int, int], byes, hosts: Dict[int, dict],
+    def add(self, rows) -> None:
+        """Reports or dones of iteration ``rows.iteration`` (:class:`~mxlbbsp.core.frames.
+        Rows`): kept as they came, built into records by the writer."""
+        parts = self._parts(rows.iteration)
+        if rows.what == "report":
+            parts.reports.append(rows)
+            parts.has_report[rows.ranks] = True
+        else:
+            parts.dones.append(rows)
+            parts.has_done[rows.ranks] = True
+        parts.present[rows.ranks] = True
+
+    def add_scalars(self, t: int, rank: int, values: dict) -> None:
+        """Values worker ``rank`` logged for iteration ``t`` (mxlbbsp.log)."""
+        parts = self._parts(t)
+        parts.scalars.setdefault(rank, {}).update(values)
+        parts.present[rank] = True
+
+    def flush(self, iteration: int, last_report: np.ndarray, byes: np.ndarray, hosts: list,
               fallbacks, fields: Callable[[int], dict], final: bool = False) -> None:
         """Hand every complete record (all of them when ``final``) to the writer, in
         (iteration, rank) order. ``iteration``: the last one every worker finished;
-        ``last_report``: rank -> its latest report's iteration; ``byes``: the ranks that
-        ended; ``hosts``: rank -> its hello; ``fallbacks``: the predictor's per worker;
-        ``fields(t)``: the mode's own fields of iteration t's records."""
+        ``last_report``: per rank, its latest report's iteration (-1: none); ``byes``: per
+        rank, whether it ended; ``hosts``: per rank, its host; ``fallbacks``: the
+        predictor's per worker; ``fields(t)``: the mode's own fields of iteration t's
+        records."""
         # Only iterations every worker has finished: the file stays in (iteration, rank)
         # order even though the workers' messages arrive on separate connections. And only
         # once the worker has moved on (its report of a later iteration, or its bye): the
@@ -87,39 +131,21 @@ class Recorder:
         # those on the same connection. (An iteration is written whole, so that the order
         # holds when one worker has moved on and another has not.)
         parts = self.parts
-        if final:
-            ready = sorted(parts)
-        else:
-            waiting = set()
-            for (t, rank), p in parts.items():
-                if t in waiting:
-                    continue
-                if not ("done" in p and "report" in p and (
-                        last_report.get(rank, -1) > t or rank in byes)):
-                    waiting.add(t)
-            ready = sorted(k for k in parts if k[0] <= iteration and k[0] not in waiting)
+        ready = sorted(parts) if final else [
+            t for t in sorted(parts)
+            if t <= iteration and parts[t].complete(t, last_report, byes)]
         if ready:
             fallbacks = np.array(fallbacks, dtype=np.int64)      # a snapshot
-            batch, mode_fields, rows = [], {}, {}
-            logged = self.logged
-            for t, rank in ready:
-                p = parts.pop((t, rank))
-                if "report" not in p:
-                    continue
-                if t not in mode_fields:
-                    mode_fields[t] = fields(t)
-                    rows[t] = self.predicted.get(t)
-                row = rows[t]
-                batch.append((t, rank, p["report"], p.get("done"), p.get("scalars"),
-                              hosts[rank].get("host"),
-                              None if row is None else row[rank], int(fallbacks[rank]),
-                              mode_fields[t]))
-                if logged.get(rank, -1) < t:
-                    logged[rank] = t
+            batch = []
+            for t in ready:
+                p = parts.pop(t)
+                if p.has_report.any():
+                    batch.append((t, p, hosts, self.predicted.get(t), fallbacks, fields(t)))
+                    logged = self.logged
+                    logged[p.has_report] = np.maximum(logged[p.has_report], t)
             if batch:
                 self._put(batch)
-        pending = {t for t, _ in parts}
-        for t in [t for t in self.predicted if t <= iteration and t not in pending]:
+        for t in [t for t in self.predicted if t <= iteration and t not in parts]:
             del self.predicted[t]
 
     def pending_totals(self, iteration: int, hosts, fallbacks, fields) -> tuple:
@@ -131,15 +157,12 @@ class Recorder:
         with self._lock:
             totals.load(self.totals.state())
         pending = 0
-        for (t, rank) in sorted(self.parts):
-            p = self.parts[(t, rank)]
-            if t <= iteration and "report" in p and "done" in p:
-                row = self.predicted.get(t)
-                totals.add(record(t, rank, p["report"], p["done"], p.get("scalars"),
-                                  hosts[rank].get("host"),
-                                  None if row is None else row[rank],
-                                  int(fallbacks[rank]), fields(t), self.sync, self.predictor,
-                                  self.barrier))
+        for t in sorted(self.parts):
+            if t > iteration:
+                continue
+            for rec in self._records(t, self.parts[t], hosts, self.predicted.get(t),
+                                     fallbacks, fields(t), done_only=True):
+                totals.add(rec)
                 pending += 1
         return self.written + pending, totals
 
@@ -181,6 +204,25 @@ class Recorder:
             self._thread.start()
         self._queue.put(batch)
 
+    def _records(self, t: int, parts: Parts, hosts, predicted, fallbacks, fields: dict,
+                 done_only: bool = False) -> List[dict]:
+        """The records of iteration ``t`` from its parts, in rank order (``done_only``:
+        only those whose done is in too)."""
+        reports: Dict[int, dict] = {}
+        for rows in parts.reports:
+            reports.update(zip(rows.ranks.tolist(), rows.dicts()))
+        dones: Dict[int, dict] = {}
+        for rows in parts.dones:
+            dones.update(zip(rows.ranks.tolist(), rows.dicts()))
+        speeds = None if predicted is None else predicted.tolist()
+        fallbacks = [int(x) for x in fallbacks]
+        job = (self.sync, self.predictor, self.barrier)
+        scalars = parts.scalars
+        return [record(t, rank, reports[rank], dones.get(rank), scalars.get(rank),
+                       hosts[rank], None if speeds is None else speeds[rank],
+                       fallbacks[rank], fields, *job)
+                for rank in sorted(reports) if not done_only or rank in dones]
+
     # ---- the writer thread ------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -197,8 +239,7 @@ class Recorder:
                 self._queue.task_done()
 
     def _write(self, batch: list) -> None:
-        job = (self.sync, self.predictor, self.barrier)
-        records = [record(*item, *job) for item in batch]
+        records = [rec for item in batch for rec in self._records(*item)]
         with self._lock:
             add = self.totals.add
             for rec in records:

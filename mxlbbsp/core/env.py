@@ -20,7 +20,11 @@ DMLC_INTERFACE         the network interface whose address ps-lite binds to and 
 mxlbbsp's own:
 
 =====================  ===========================================================
-MXLBBSP_COORDINATOR    host:port of the coordinator (absent: no coordination)
+MXLBBSP_COORDINATOR    host:port of the coordinator, or for a worker behind its host's relay
+                       the relay's unix:@NAME (absent: no coordination)
+MXLBBSP_RELAY          a relay's own (``python -m mxlbbsp.relay``): the unix:@NAME it listens
+                       on for its host's workers (it reaches the coordinator at
+                       MXLBBSP_COORDINATOR and serves MXLBBSP_LOCAL_SIZE workers)
 MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections without it
 MXLBBSP_SYNC           a registered sync mode (mxlbbsp.modes): lbbsp (default) | bsp | asp | r2sp
                        | courier, or one registered by a module of MXLBBSP_MODE_MODULES
@@ -59,6 +63,7 @@ import sys
 from typing import Mapping, Optional, Tuple
 
 from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import protocol as _protocol
 
 #: mxlbbsp's version (``mxlbbsp.__version__``, ``mxlbbsp --version``)
 VERSION = "0.1.0"
@@ -78,6 +83,7 @@ NODE_HOST = "DMLC_NODE_HOST"
 INTERFACE = "DMLC_INTERFACE"
 
 COORDINATOR = "MXLBBSP_COORDINATOR"
+RELAY = "MXLBBSP_RELAY"
 TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
 #: modules (comma-separated) that register more sync modes (mxlbbsp.modes)
@@ -108,7 +114,8 @@ BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
 RESERVED = {
     ROLE: None, PS_ROOT_URI: "--bind", PS_ROOT_PORT: None, NUM_SERVER: "-s/--num-servers",
     NUM_WORKER: "-n/--num-workers", NODE_HOST: "--bind", INTERFACE: "--ps-interface",
-    COORDINATOR: "--bind", TOKEN: None, SYNC: "--sync", RANK: None, HOST: None,
+    COORDINATOR: "--bind", RELAY: "--relay", TOKEN: None, SYNC: "--sync", RANK: None,
+    HOST: None,
     LOCAL_RANK: None, LOCAL_SIZE: None,
     SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
     LR_SCALING: "--lr-scaling", SIGNALS: "--signals",
@@ -170,15 +177,25 @@ def local_size(env: Optional[Mapping[str, str]] = None) -> int:
     return _int(env, LOCAL_SIZE, 1)
 
 
-def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[Tuple[str, int]]:
-    """MXLBBSP_COORDINATOR as (host, port), or None outside a launched job."""
-    raw = get(env, COORDINATOR)
+def _address(env, name: str) -> Optional[_protocol.Address]:
+    raw = get(env, name)
     if raw is None:
         return None
-    host, sep, port = raw.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise EnvError(f"{COORDINATOR}={raw!r}: expected host:port")
-    return host.strip("[]"), int(port)
+    try:
+        return _protocol.parse_address(raw)
+    except ValueError as exc:
+        raise EnvError(f"{name}={exc}") from None
+
+
+def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]:
+    """MXLBBSP_COORDINATOR as (host, port), or a Unix socket's path (a relay's), or None
+    outside a launched job."""
+    return _address(env, COORDINATOR)
+
+
+def relay(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]:
+    """MXLBBSP_RELAY: the address a relay listens on (None: not a relay)."""
+    return _address(env, RELAY)
 
 
 def token(env: Optional[Mapping[str, str]] = None) -> str:
@@ -288,14 +305,22 @@ def signals(env: Optional[Mapping[str, str]] = None) -> Optional[tuple]:
     return tuple(c.strip() for c in raw.split(",") if c.strip())
 
 
-def worker_env(rank_: int, sync_mode: str, coordinator_addr: Tuple[str, int], token_: str,
+def relay_env(listen: _protocol.Address, coordinator_addr: _protocol.Address, token_: str,
+              host_label: str, workers: int) -> dict:
+    """The MXLBBSP_* variables of a host's relay, which serves ``workers`` workers."""
+    return {RELAY: _protocol.format_address(listen),
+            COORDINATOR: _protocol.format_address(coordinator_addr), TOKEN: token_,
+            HOST: host_label, LOCAL_SIZE: str(int(workers))}
+
+
+def worker_env(rank_: int, sync_mode: str, coordinator_addr: _protocol.Address, token_: str,
                host_label: str, slowdown_spec: Optional[str] = None,
                sample_cost_s: float = 0.0, signal_columns: Optional[tuple] = None,
                local: Tuple[int, int] = (0, 1)) -> dict:
-    """The MXLBBSP_* variables for one worker; ``local``: (local rank, local size)."""
-    host_, port = coordinator_addr
+    """The MXLBBSP_* variables for one worker; ``local``: (local rank, local size);
+    ``coordinator_addr``: the coordinator's, or its host's relay's."""
     env = {
-        COORDINATOR: f"{host_}:{port}",
+        COORDINATOR: _protocol.format_address(coordinator_addr),
         TOKEN: token_,
         SYNC: sync_mode,
         RANK: str(rank_),

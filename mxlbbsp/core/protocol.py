@@ -30,13 +30,21 @@ coordinator -> worker
                                       fields when there is none)
     error   {message}                 fatal; the worker stops with this message
 
+A host's relay (:mod:`mxlbbsp.relay`) speaks this protocol with its workers, and says hello
+to the coordinator as ``relay {token, host, workers, pid}``; its connection then carries the
+binary frames of :mod:`mxlbbsp.core.frames`.
+
+Addresses (``MXLBBSP_COORDINATOR``): ``host:port`` (TCP), or ``unix:PATH`` for a Unix socket
+on the same host, ``unix:@NAME`` in Linux's abstract namespace (a relay's: no file).
+
 No framework imports; stdlib only.
 """
 from __future__ import annotations
 
 import hmac
 import json
-from typing import Any, Dict, Optional, Sequence
+import socket
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 MAX_LINE = 1 << 20  # bytes; longer lines are a protocol error
 #: before a connection has authenticated (its first line, the hello), nothing longer is read
@@ -48,6 +56,10 @@ MAX_CONTAINERS = 64
 HELLO, REPORT, DONE, BYE, LOG = "hello", "report", "done", "bye", "log"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
 REQUEST, GRANT = "request", "grant"
+RELAY = "relay"
+
+#: a TCP address (host, port), or a Unix socket's path ("\0NAME": the abstract namespace)
+Address = Union[Tuple[str, int], str]
 
 
 class ProtocolError(ValueError):
@@ -83,6 +95,44 @@ def token_ok(msg: Dict[str, Any], token: str) -> bool:
 
 def _finite(x: Optional[float]) -> Optional[float]:
     return None if x is None or x != x or x in (float("inf"), float("-inf")) else float(x)
+
+
+def parse_address(text: str) -> Address:
+    """``host:port`` as (host, port), ``unix:PATH`` as PATH (``unix:@NAME`` as "\0NAME");
+    ValueError (one line) for anything else."""
+    if text.startswith("unix:"):
+        path = text[5:]
+        if not path:
+            raise ValueError(f"{text!r}: expected unix:PATH or unix:@NAME")
+        return "\0" + path[1:] if path.startswith("@") else path
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{text!r}: expected host:port (or unix:@NAME)")
+    return host.strip("[]"), int(port)
+
+
+def format_address(address: Address) -> str:
+    """The text :func:`parse_address` reads back as ``address``."""
+    if isinstance(address, str):
+        return "unix:" + ("@" + address[1:] if address.startswith("\0") else address)
+    host, port = address[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def connect(address: Address, timeout: Optional[float] = None) -> socket.socket:
+    """A connected socket to ``address`` (OSError when it cannot be reached)."""
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def hello(rank: int, token: str, pid: int, host: str, global_batch_size: int,
@@ -135,6 +185,11 @@ def bye(iteration: Optional[int] = None) -> Dict[str, Any]:
     if iteration is not None:
         msg["iteration"] = int(iteration)
     return msg
+
+
+def relay_hello(token: str, host: str, workers: int, pid: int) -> Dict[str, Any]:
+    """A relay's first line to the coordinator (:mod:`mxlbbsp.core.frames` follow)."""
+    return {"type": RELAY, "token": token, "host": host, "workers": workers, "pid": pid}
 
 
 def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:

@@ -10,7 +10,10 @@ The split solves, over integers::
 exactly: the continuous optimum T* (found in O(n log n) from the breakpoints of the piecewise
 linear capacity function) is rounded down, and the remaining (< n) samples go one at a time to
 the worker that would finish earliest with one more. Because every t_i is increasing and the
-rounded-down point lies below some integer optimum, this greedy completion is optimal.
+rounded-down point lies below some integer optimum, this greedy completion is optimal. (The
+greedy is done in arrays: its choices are the smallest of every worker's candidate finish
+times, a + (b + k) / v for its k-th extra sample, in the order the heap of the one-at-a-time
+greedy pops them, ties to the faster worker, then the lower rank: :func:`_complete`.)
 
 A worker's slice (:class:`Slice`) is where its part of the split sits in the global batch:
 the index range it reads.
@@ -83,7 +86,9 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     share = np.clip((t_star - a) * v, lo, hi)
     batch = np.clip(np.floor(share + 1e-9).astype(np.int64), lo, hi)
     remaining = total - int(batch.sum())
-    if remaining > 0:
+    if 0 < remaining <= int(np.count_nonzero(batch < hi)):
+        _complete(batch, a, v, hi, remaining)
+    elif remaining > 0:                     # not from the rounding above: one at a time
         heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(n) if batch[i] < hi[i]]
         heapq.heapify(heap)
         for _ in range(remaining):
@@ -102,13 +107,38 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     return batch
 
 
+def _complete(batch: np.ndarray, a: np.ndarray, v: np.ndarray, hi: np.ndarray,
+              remaining: int) -> None:
+    """Give ``remaining`` more samples, one at a time each to the worker that finishes
+    earliest with one more (ties: the faster, then the lower rank), ``batch`` in place:
+    what a heap of each worker's next finish time pops, in arrays. A worker's k-th extra
+    sample would finish at a + (b + k) / v (the heap's number: the same operations), later
+    for every k; so the heap pops the ``remaining`` smallest of all these candidates, in
+    (time, -speed, rank) order. None later than the ``remaining``-th smallest first extra
+    can be among them, which bounds the candidates to about n + remaining."""
+    room = hi - batch
+    live = np.flatnonzero(room > 0)
+    first = a[live] + (batch[live] + 1) / v[live]
+    tau = np.partition(first, remaining - 1)[remaining - 1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        count = np.floor((tau - a[live]) * v[live] - batch[live]) + 2    # 1 to spare
+    count = np.minimum(np.minimum(np.maximum(count, 1), room[live]), remaining).astype(np.int64)
+    who = np.repeat(live, count)
+    k = np.arange(len(who)) - np.repeat(np.cumsum(count) - count, count) + 1
+    when = a[who] + (batch[who] + k) / v[who]
+    chosen = who[np.lexsort((who, -v[who], when))[:remaining]]
+    batch += np.bincount(chosen, minlength=len(batch))
+
+
 def equal_split(total: int, n: int) -> np.ndarray:
     """BSP's split: total // n each, the remainder one each to the lowest ranks."""
     if n <= 0 or total < n:
         raise AllocationError(f"cannot split a global batch of {total} among {n} workers "
                               "with at least one sample each")
     base, extra = divmod(int(total), int(n))
-    return np.array([base + (1 if i < extra else 0) for i in range(n)], dtype=np.int64)
+    out = np.full(int(n), base, dtype=np.int64)
+    out[:extra] += 1
+    return out
 
 
 class Slice(NamedTuple):

@@ -173,20 +173,26 @@ class AffineFit:
         self._next += 1
         b, t = self._b, self._t
         valid = np.isfinite(b) & np.isfinite(t) & (t > 0)
+        # a full window of good observations (the usual case): the same numbers without
+        # the masks, which then select every value (where(valid, x, y) is x)
+        full = bool(valid.all())
         count = valid.sum(axis=1)
-        bz = np.where(valid, b, 0.0)
-        tz = np.where(valid, t, 0.0)
+        bz = b if full else np.where(valid, b, 0.0)
+        tz = t if full else np.where(valid, t, 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             mb = bz.sum(axis=1) / count
             mt = tz.sum(axis=1) / count
-            db = np.where(valid, b - mb[:, None], 0.0)
-            dt = np.where(valid, t - mt[:, None], 0.0)
+            db = b - mb[:, None]
+            dt = t - mt[:, None]
+            if not full:
+                db = np.where(valid, db, 0.0)
+                dt = np.where(valid, dt, 0.0)
             sbb = (db * db).sum(axis=1)
             slope = (db * dt).sum(axis=1) / sbb
             intercept = mt - slope * mb
             sd = np.sqrt(sbb / count)           # the batch sizes' spread, in samples
             spread = sd / mb
-        tmin = np.where(valid, t, np.inf).min(axis=1)
+        tmin = t.min(axis=1) if full else np.where(valid, t, np.inf).min(axis=1)
         fitted = (count >= 4) & (spread >= self.min_spread) & np.isfinite(intercept)
         # A time that does not grow with the batch (slope <= 0 within the noise): all of it
         # is fixed cost, as far as this window can tell; clamped below like any estimate.

@@ -132,6 +132,29 @@ def _median(x):
     return (s[..., k // 2 - 1] + s[..., k // 2]) / 2.0
 
 
+def _slide(window: np.ndarray, new: np.ndarray, old=None) -> np.ndarray:
+    """Each row of ``window`` (sorted) with ``new[row]`` inserted and, unless ``old`` is None,
+    one element equal to ``old[row]`` taken out: sorted again, in a few passes over the
+    (rows, k) array (np.partition or np.sort of it costs ~0.35 us per row). Rows of finite
+    values only (a NaN does not sort by ``<``)."""
+    rows, k = window.shape
+    base = (np.arange(rows) * k)[:, None]
+    if old is None:                                  # the window grows by one
+        cols = np.arange(k + 1)
+        at = np.count_nonzero(window < new[:, None], axis=1)
+        source = np.minimum(cols - (cols > at[:, None]), max(k - 1, 0))
+        out = window.ravel()[source + base] if k else np.empty((rows, 1))
+    else:                                            # the oldest leaves, the newest comes
+        cols = np.arange(k)
+        at = np.count_nonzero(window < new[:, None], axis=1) - (old < new)
+        gone = np.count_nonzero(window < old[:, None], axis=1)
+        kept = cols - (cols > at[:, None])           # index in the window without `old`
+        source = np.minimum(kept + (kept >= gone[:, None]), k - 1)
+        out = window.ravel()[source + base]
+    out[np.arange(rows), at] = new
+    return out
+
+
 def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values: np.ndarray,
                     window: int) -> np.ndarray:
     """One step of the running mean and variance of every entry of ``values`` (NaN: no
@@ -148,9 +171,10 @@ def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values:
 class NARX(Predictor):
     """Random-feature NARX with an RLS output layer, per worker (see the module docstring).
 
-    One class of about 370 lines, on purpose: the kernel units, the RLS output layer and
+    One class of about 440 lines, on purpose: the kernel units, the RLS output layer and
     the gate over the candidates update the same per-worker arrays (vectorised over the
-    workers) in one pass per iteration, and each step reads what the one before wrote. The
+    workers) in one pass per iteration, and each step reads what the one before wrote (the
+    work arrays that keep its critical path short, issue 26, are part of that pass). The
     predictor's figures are accepted as they stand (benchmarks/README.md, Predictors).
     """
 
@@ -295,8 +319,7 @@ class NARX(Predictor):
         xn = np.where(np.isfinite(xn), xn, 0.0)
         raw = np.where(np.isfinite(exog), exog, 0.0)
         if self._count:
-            self._dx[:, :, self._dx_count % self.diff_window] = np.abs(raw - self._xr[:, 0])
-            self._dx_count += 1
+            self._push_dx(np.abs(raw - self._xr[:, 0]))
         if self.d_x:
             self._xl = np.concatenate([xn[:, None, :], self._xl[:, :-1]], axis=1)
             self._xr = np.concatenate([raw[:, None, :], self._xr[:, :-1]], axis=1)
@@ -361,29 +384,43 @@ class NARX(Predictor):
         pairs) where little or nothing similar is remembered; NaN before any pair. Per
         input, so that an irrelevant input does not blur the others: the gate weighs them.
         The scale and the line come from ``_refit`` (in ``learn``, off the critical path)."""
-        a = np.where(self._mem_ok, self.recency ** self._mem_age, 0.0)          # (n, M)
+        n, M = self._mem_v.shape
+        scratch = self._scratch
+        if "a" not in scratch:                       # work arrays, reused: no page faults
+            dtype = np.float32 if self.kernel == "biweight" else np.float64
+            scratch.update(d=np.empty(self._mem_in.shape, dtype=dtype),
+                           a=np.empty((n, M), dtype=dtype), av=np.empty((n, M), dtype=dtype),
+                           av64=np.empty((n, M)))
+        ok = self._mem_ok
+        recency = self.recency ** self._mem_age      # (M,): the same for every worker
+        # a = where(ok, recency, 0) and a * where(ok, v, 0) in the kernel's dtype, in as few
+        # passes as give the same numbers: a bool times a weight is the weight or +0.0
+        a = np.multiply(ok, recency.astype(scratch["a"].dtype), out=scratch["a"])
+        av = np.multiply(self._mem_v, recency, out=scratch["av64"])
+        if not ok.all():                             # a NaN log speed of a bad pair: 0
+            av = np.where(ok, av, 0.0)
+        scratch["av"][...] = av
+        av = scratch["av"]
+        d = scratch["d"]
         if self.kernel == "biweight":                # (1 - d^2 / 7)_+^2: the same variance
-            if "d" not in self._scratch:             # (n, U, M), reused: no page faults
-                self._scratch["d"] = np.empty(self._mem_in.shape, dtype=np.float32)
-                self._scratch["inside"] = np.empty(self._mem_in.shape, dtype=bool)
-            d, inside = self._scratch["d"], self._scratch["inside"]
             np.subtract(self._mem_in, u.astype(np.float32)[:, :, None], out=d)
             d *= (1.0 / (7.0 ** 0.5 * self._h)).astype(np.float32)[:, :, None]
             d *= d
             np.subtract(1.0, d, out=d)
+            inside = scratch.setdefault("inside", np.empty(d.shape, dtype=bool))
             np.greater(d, 0.0, out=inside)           # (x)_+ as x * (x > 0): no NaN here,
             np.multiply(d, inside, out=d)            # and faster than np.maximum
             d *= d
             w = d
         else:                                        # Gaussian
-            d = (self._mem_in - u[:, :, None]) * (1.0 / self._h)[:, :, None]   # (n, U, M)
+            np.subtract(self._mem_in, u[:, :, None], out=d)
+            d *= (1.0 / self._h)[:, :, None]
             d *= d
             d *= -0.5
             w = np.exp(d, out=d)
         # (n, U): einsum is ~2.5x faster than a batched matmul over n small matrices
-        total = np.einsum("num,nm->nu", w, a.astype(w.dtype)).astype(float)
-        near = np.einsum("num,nm->nu", w, (a * np.where(self._mem_ok, self._mem_v, 0.0))
-                         .astype(w.dtype)).astype(float)
+        total = np.einsum("num,nm->nu", w, a).astype(float)
+        near = np.einsum("num,nm->nu", w, av).astype(float)
         if self.prior > 0:
             line = _clip(self._line_v + self._line_slope * (u - self._line_u),
                            self._line_lo, self._line_hi)
@@ -416,13 +453,46 @@ class NARX(Predictor):
                                                            (self.num_workers, self._U)),
             np.einsum("nm,num->nu", a, u * u), np.einsum("nm,num->nu", a * v, u)], axis=1)
 
+    def _push_dx(self, change: np.ndarray) -> None:
+        """The newest |change| of each reading into its ring, and into the ring's sorted copy
+        (a work array, rebuilt when missing: the median of the window is then two reads)."""
+        W = self.diff_window
+        slot = self._dx_count % W
+        old = self._dx[:, :, slot].copy() if self._dx_count >= W else None
+        self._dx[:, :, slot] = change
+        self._dx_count += 1
+        window = self._scratch.get("dx_sorted")
+        if window is not None and window[0] == self._dx_count - 1 \
+                and np.isfinite(change).all():
+            rows = change.size
+            self._scratch["dx_sorted"] = (self._dx_count, _slide(
+                window[1], change.reshape(rows), None if old is None else old.reshape(rows)))
+        else:
+            self._scratch.pop("dx_sorted", None)
+
+    def _dx_median(self) -> np.ndarray:
+        """The median |change| of each reading over the window (np.median's number)."""
+        n, E = self._dx.shape[:2]
+        k = min(self._dx_count, self.diff_window)
+        window = self._scratch.get("dx_sorted")
+        if window is None or window[0] != self._dx_count:
+            values = self._dx[:, :, :k].reshape(n * E, k)
+            if not np.isfinite(values).all():
+                return _median(self._dx[:, :, :k])
+            window = (self._dx_count, np.sort(values, axis=1))
+            self._scratch["dx_sorted"] = window
+        s = window[1].reshape(n, E, k)
+        if k % 2:
+            return s[..., k // 2].copy()
+        return (s[..., k // 2 - 1] + s[..., k // 2]) / 2.0
+
     def _line(self) -> None:
         """The kernel units' widths and prior lines from the memory as it is now: weighted
         least squares of the log speed on each input, never beyond the remembered range
         widened by itself on each side."""
         n, U = self.num_workers, self._U
         k = min(self._dx_count, self.diff_window)
-        scale = _median(self._dx[:, :, :k]) if k else np.zeros((n, self.num_exog))
+        scale = self._dx_median() if k else np.zeros((n, self.num_exog))
         scale = np.maximum(scale, 1e-3 * np.abs(self._mean) + 1e-9)
         self._h = self.bandwidth * np.concatenate([scale] * max(self.d_x, 1), axis=1)[:, :U]
         s0, su, sv, suu, suv = (self._sums[:, i] for i in range(5))
@@ -431,8 +501,11 @@ class NARX(Predictor):
         var = np.maximum(suu / s0 - mu * mu, 0.0)
         cov = suv / s0 - mu * mv
         slope = cov / (var + self._h * self._h)
-        self._mem_lo = self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)
-        self._mem_hi = self._mem_v.max(axis=1, where=self._mem_ok, initial=-np.inf)
+        if self._mem_ok.all():                       # the same extremes, without the mask
+            self._mem_lo, self._mem_hi = self._mem_v.min(axis=1), self._mem_v.max(axis=1)
+        else:
+            self._mem_lo = self._mem_v.min(axis=1, where=self._mem_ok, initial=np.inf)
+            self._mem_hi = self._mem_v.max(axis=1, where=self._mem_ok, initial=-np.inf)
         lo, hi = self._mem_lo[:, None], self._mem_hi[:, None]
         self._line_u, self._line_v = mu, mv
         self._line_slope = np.where(np.isfinite(slope), slope, 0.0)

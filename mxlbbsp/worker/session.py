@@ -190,16 +190,15 @@ class Session:
     def _connect(self, addr, token, dataset_size, min_global_batch, max_batch_size):
         deadline = time.monotonic() + 60
         while True:
-            try:
-                sock = socket.create_connection(addr, timeout=10)
+            try:     # the coordinator's address, or its host's relay's (a Unix socket)
+                sock = P.connect(addr, timeout=10)
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:
-                    raise CoordinatorLost(f"cannot reach the coordinator at {addr[0]}:{addr[1]}: "
-                                          f"{exc}") from None
+                    raise CoordinatorLost(f"cannot reach the coordinator at "
+                                          f"{P.format_address(addr)}: {exc}") from None
                 time.sleep(0.2)
         sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         columns = _env.signals()
         if columns is None:

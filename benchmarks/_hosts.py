@@ -1,0 +1,117 @@
+"""Emulated hosts for coordinator_scale.py: the simulated workers, k per host, behind their
+host's relay, as ``mxlbbsp launch --relay auto`` runs a job with k workers per host.
+
+The relays are the real :class:`mxlbbsp.relay.relay.Relay` (one per emulated host, each with
+its own connection to the coordinator and its own abstract Unix socket), all of them on one
+asyncio loop in one process on the client cores: on a cluster each runs on its own host, in
+parallel; here they take turns on one core. So this process also measures, per iteration:
+
+* its CPU time (``time.process_time``; over n/k relays: divided by n/k, what one host pays);
+* when each relay sent its section of reports of iteration t, and when it got the SLICES
+  frame of t + 1: the coordinator's share of the latency, relay to relay (what a cluster
+  pays on top of its hosts' own hops, whatever the number of hosts).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import struct
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from mxlbbsp.core import frames as F
+from mxlbbsp.relay.relay import Relay
+
+
+class TimedRelay(Relay):
+    """A relay that notes when its report sections leave and its SLICES frames arrive."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent: Dict[int, float] = {}      # iteration -> its reports' section left
+        self.got: Dict[int, float] = {}       # iteration -> its SLICES frame came
+        self.cpu: List[Tuple[int, float]] = []   # (iteration of a SLICES frame, CPU s)
+
+    def flush(self) -> None:
+        reports = [item.key[1] for item in self._pending
+                   if not isinstance(item, bytes) and item.key[0] == "report"]
+        super().flush()
+        now = time.perf_counter()
+        for t in reports:
+            self.sent[t] = now
+
+    def on_frame(self, kind, body) -> None:
+        if kind == F.SLICES:
+            t = struct.unpack_from("<q", body)[0]
+            self.got[t] = time.perf_counter()
+            if self.cpu is not None:
+                self.cpu.append((t, time.process_time()))
+        super().on_frame(kind, body)
+
+
+def plan(n: int, per_host: int) -> Tuple[List[Tuple[str, str, int]], List[str]]:
+    """The emulated hosts, (host name, relay address, workers), and each rank's address:
+    ranks fill the hosts in order, ``per_host`` each (the last may have fewer)."""
+    job = secrets.token_hex(4)
+    hosts, addresses = [], []
+    for h, start in enumerate(range(0, n, per_host)):
+        k = min(per_host, n - start)
+        address = f"unix:@mxlbbsp-bench-{job}-{h}"
+        hosts.append((f"host{h}", address, k))
+        addresses += [address] * k
+    return hosts, addresses
+
+
+def relay_process(upstream, token: str, hosts, conn, cpus=None) -> None:
+    """Run a TimedRelay per host until every one has ended; sends ("ready", None) once they
+    listen, then ("ok", stats) or ("error", text) on ``conn``."""
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        conn.send(("ok", asyncio.run(_relays(upstream, token, hosts, conn))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+async def _relays(upstream, token, hosts, conn) -> dict:
+    from mxlbbsp.core import protocol as P
+    relays = [TimedRelay(P.parse_address(address), tuple(upstream), token, name, k)
+              for name, address, k in hosts]
+    for relay in relays[1:]:
+        relay.cpu = None                     # the first one samples the process's CPU
+    tasks = [asyncio.ensure_future(r.run()) for r in relays]
+    while not all(r._server is not None for r in relays):
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.01)
+    conn.send(("ready", None))
+    codes = await asyncio.gather(*tasks)
+    return {"codes": codes, "sent": [r.sent for r in relays], "got": [r.got for r in relays],
+            "cpu": relays[0].cpu, "frames_up": sum(r.frames_up for r in relays),
+            "sections_up": sum(r.sections_up for r in relays),
+            "messages_up": sum(r.messages_up for r in relays)}
+
+
+def summary(stats: dict, iterations: int, skip: int, hosts: int) -> dict:
+    """Relay to relay latency per iteration (ms) and the relays' CPU per iteration."""
+    latency = []
+    for t in range(skip, iterations):
+        sent = [s.get(t) for s in stats["sent"]]
+        got = [g.get(t + 1) for g in stats["got"]]
+        if None in sent or None in got:
+            continue
+        latency.append(1000 * (max(got) - max(sent)))
+    cpu = np.array([c for t, c in stats["cpu"] if t > skip])
+    its = np.array([t for t, c in stats["cpu"] if t > skip])
+    per_iteration = float("nan")
+    if len(its) >= 2 and its[-1] > its[0]:
+        per_iteration = 1000 * (cpu[-1] - cpu[0]) / (its[-1] - its[0])
+    return {"relay_latency_ms": latency, "relays_cpu_ms_per_iteration": per_iteration,
+            "relay_cpu_ms_per_iteration": per_iteration / hosts,
+            "sections_per_iteration": stats["sections_up"] / max(iterations, 1),
+            "messages_per_section": stats["messages_up"] / max(stats["sections_up"], 1)}

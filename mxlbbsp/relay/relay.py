@@ -1,0 +1,400 @@
+"""A host's relay: its workers talk to it, and it talks to the coordinator in one connection.
+
+The launcher starts one per host with two or more workers (``--relay auto``), under a guard
+like every role: ``python -m mxlbbsp.relay``. It listens on a Unix socket in the host's
+abstract namespace (``MXLBBSP_RELAY``, ``unix:@NAME``: no file to clean up), which is the
+``MXLBBSP_COORDINATOR`` of the host's workers; they speak :mod:`mxlbbsp.core.protocol` with it
+exactly as with the coordinator. It checks each worker's hello (the job's token, the size of
+the line) itself, opens one TCP connection to the coordinator (its own hello, then the frames
+of :mod:`mxlbbsp.core.frames`) and relays:
+
+* up: each report and each done goes into a *section* (one per type and iteration), which
+  leaves as one ROWS frame, a column per field, once every worker of the host has sent its
+  message of that type and iteration, or after ``hold_s`` (the coordinator's CONFIG: 50 ms
+  in a mode with a barrier per iteration, where the coordinator waits for every worker
+  anyway; 0 elsewhere: what was read at once leaves at once); any other message (hello,
+  log, bye, a mode's own) leaves as a FORWARD frame with the worker's rank, and a closed
+  connection as LOST. Each worker's messages reach the coordinator in the order it sent
+  them: a message joins an open section only if that worker has nothing later pending;
+* down: an ``alloc`` line for each of its workers from one SLICES frame, the frames for one
+  worker (TO_RANK) or all (TO_ALL) as they come, and CLOSE.
+
+It ends (exit 0) once every worker of the host has registered and closed its connection;
+when the coordinator's connection breaks first it closes its workers' (they stop as with a
+lost coordinator) and exits 1 with one line. Its own CPU time is what one host pays for the
+job's control plane (benchmarks/coordinator_scale.py measures it).
+
+Stdlib and numpy only, no MXNet: it starts in a fraction of a second.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Dict, List, Optional
+
+from mxlbbsp.core import env as _env
+from mxlbbsp.core import frames as F
+from mxlbbsp.core import protocol as P
+
+log = logging.getLogger(__name__)
+
+#: refused connections warned about one by one, then only counted
+REFUSALS_SHOWN = 5
+#: how long the relay tries to reach the coordinator at its start
+CONNECT_S = 60.0
+#: a worker's connection without a hello for this long is closed
+HELLO_S = 30.0
+
+
+class _Section:
+    """Pending reports or dones of one iteration: (rank, message, when it arrived)."""
+
+    __slots__ = ("key", "index", "rows", "ranks")
+
+    def __init__(self, key, index):
+        self.key, self.index, self.rows, self.ranks = key, index, [], set()
+
+
+class Relay:
+    """One host's relay (see the module docstring). ``await run()`` serves until it ends and
+    returns the exit code. ``listen``: its address; ``upstream``: the coordinator's;
+    ``workers``: how many workers of the job run on this host."""
+
+    def __init__(self, listen: P.Address, upstream: P.Address, token: str, host: str,
+                 workers: int):
+        self.listen, self.upstream, self.token = listen, upstream, token
+        self.host, self.expected = host, int(workers)
+        self.hold_s = 0.0                    # until the coordinator's CONFIG says otherwise
+        self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
+        self.active: set = set()             # registered ranks that have not said bye
+        self.registered = 0                  # workers that ever registered here
+        self.refused = 0
+        self._up: Optional[asyncio.Transport] = None
+        self._up_buffer = bytearray()
+        self._pending: List[object] = []     # sections and ready frames, in arrival order
+        self._open: Dict[tuple, _Section] = {}
+        self._last_of: Dict[int, int] = {}   # rank -> index of its latest pending item
+        self._seen: Dict[tuple, set] = {}    # (type, iteration) -> ranks that sent it
+        self._timer: Optional[asyncio.Handle] = None
+        self._server = None
+        self._done: Optional[asyncio.Future] = None
+        self._up_closed: Optional[asyncio.Future] = None
+        self.frames_up = 0                   # statistics (tests, benchmarks)
+        self.sections_up = 0                 # sections sent (reports or dones of a t)
+        self.messages_up = 0                 # reports and dones in them
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self._up_closed = loop.create_future()
+        deadline = time.monotonic() + CONNECT_S
+        while True:
+            try:
+                if isinstance(self.upstream, str):
+                    await loop.create_unix_connection(lambda: _Upstream(self), self.upstream)
+                else:
+                    await loop.create_connection(lambda: _Upstream(self), *self.upstream)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"cannot reach the coordinator at "
+                                          f"{P.format_address(self.upstream)}: {exc}") from None
+                await asyncio.sleep(0.2)
+        hello = P.relay_hello(self.token, self.host, self.expected, os.getpid())
+        self._up.write(P.encode(hello))
+        factory = lambda: _WorkerLink(self)      # noqa: E731
+        if isinstance(self.listen, str):
+            self._server = await loop.create_unix_server(factory, self.listen, backlog=1024)
+        else:
+            self._server = await loop.create_server(factory, *self.listen, backlog=1024)
+        try:
+            return await self._done
+        finally:
+            self._server.close()
+            for link in list(self.workers.values()):
+                link.transport.close()
+            if self._up is not None:
+                self.flush()
+                self._up.close()        # once what is written has left
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._up_closed), 5.0)
+                except asyncio.TimeoutError:
+                    pass
+
+    def _end(self, code: int, message: Optional[str] = None) -> None:
+        if message:
+            sys.stderr.write(f"mxlbbsp: error: {message}\n")
+            sys.stderr.flush()
+        if self._done is not None and not self._done.done():
+            self._done.set_result(code)
+
+    # ---- from the coordinator -----------------------------------------------------------
+
+    def on_frame(self, kind: int, body) -> None:
+        if kind == F.SLICES:
+            workers = self.workers
+            for rank, line in F.alloc_lines(body):
+                link = workers.get(rank)
+                if link is not None:
+                    link.transport.write(line)
+        elif kind == F.TO_RANK or kind == F.CLOSE:
+            rank, line = F.split_rank(body)
+            link = self.workers.get(rank)
+            if link is not None:
+                if kind == F.CLOSE:
+                    link.transport.close()
+                else:
+                    link.transport.write(line)
+        elif kind == F.TO_ALL:
+            line = bytes(body)
+            for link in self.workers.values():
+                link.transport.write(line)
+        elif kind == F.CONFIG:
+            self.hold_s = float(json.loads(body).get("hold_s", 0.0))
+        else:
+            raise F.FrameError(f"a frame of unknown kind {kind}")
+
+    def upstream_lost(self) -> None:
+        if self.registered >= self.expected and not self.active:
+            self._end(0)                # every worker had said bye
+        else:
+            self._end(1, f"the relay of host {self.host} lost its connection to the "
+                         "coordinator")
+
+    # ---- from the workers ---------------------------------------------------------------
+
+    def on_hello(self, link: "_WorkerLink", msg: dict) -> bool:
+        """A worker's hello with the job's token: registered here and passed on."""
+        rank = msg.get("rank")
+        if type(rank) is not int or rank < 0 or rank in self.workers:
+            link.transport.write(P.encode(P.error(
+                f"rank {rank!r} connected twice to the relay of host {self.host}"
+                if rank in self.workers else f"rank {rank!r} is not a worker's rank")))
+            return False
+        link.rank = rank
+        self.workers[rank] = link
+        self.active.add(rank)
+        self.registered += 1
+        return True
+
+    def on_message(self, rank: int, line: bytes) -> None:
+        """One line of a registered worker."""
+        try:
+            msg = P.decode(line)
+        except P.ProtocolError:
+            msg = None                  # the coordinator reads it and fails the job
+        kind = msg.get("type") if msg is not None else None
+        if kind in F.BATCHED and type(msg.get("iteration")) is int:
+            self._add(rank, msg)
+            return
+        if kind == P.BYE:
+            self.active.discard(rank)
+        self._forward(rank, F.rank_frame(F.FORWARD, rank, line))
+        if kind == P.BYE:
+            self._check_complete()
+
+    def on_lost(self, link: "_WorkerLink") -> None:
+        rank = link.rank
+        if rank is None or self.workers.get(rank) is not link:
+            return
+        del self.workers[rank]
+        self.active.discard(rank)
+        self._forward(rank, F.rank_frame(F.LOST, rank))
+        self.flush()
+        if not self.workers and self.registered >= self.expected:
+            self._end(0)
+
+    # ---- the pending stream ---------------------------------------------------------------
+
+    def _add(self, rank: int, msg: dict) -> None:
+        key = (msg["type"], msg["iteration"])
+        section = self._open.get(key)
+        if section is None or section.index < self._last_of.get(rank, -1) \
+                or rank in section.ranks:
+            section = self._open[key] = _Section(key, len(self._pending))
+            self._pending.append(section)
+        section.rows.append((rank, msg, time.monotonic()))
+        section.ranks.add(rank)
+        self._last_of[rank] = section.index
+        seen = self._seen.setdefault(key, set())
+        seen.add(rank)
+        if len(seen) >= len(self.active):
+            self.flush()
+        else:
+            self._arm()
+
+    def _forward(self, rank: int, data: bytes) -> None:
+        if not self._pending:           # nothing to keep in order with: at once
+            self._send([data])
+            return
+        self._last_of[rank] = len(self._pending)
+        self._pending.append(data)
+        self._arm()
+
+    def _check_complete(self) -> None:
+        if any(len(self._seen.get(key, ())) >= len(self.active) for key in self._open):
+            self.flush()
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.hold_s, self.flush) if self.hold_s > 0 \
+                else loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Everything pending to the coordinator, in order, in one write."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        now = time.monotonic()
+        out = []
+        for item in self._pending:
+            if isinstance(item, bytes):
+                out.append(item)
+            else:
+                self.sections_up += 1
+                self.messages_up += len(item.rows)
+                out += F.encode_rows([(r, m, now - at) for r, m, at in item.rows])
+        self._pending, self._open, self._last_of = [], {}, {}
+        if len(self._seen) > 8:             # keep the latest iterations' only
+            latest = max(t for _, t in self._seen)
+            self._seen = {k: v for k, v in self._seen.items() if k[1] >= latest - 2}
+        self._send(out)
+
+    def _send(self, frames: List[bytes]) -> None:
+        self.frames_up += len(frames)
+        if self._up is not None and not self._up.is_closing():
+            self._up.write(b"".join(frames))
+
+
+class _Upstream(asyncio.Protocol):
+    """The relay's connection to the coordinator: frames in."""
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+
+    def connection_made(self, transport) -> None:
+        self.relay._up = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.relay._up_buffer
+        buffer += data
+        try:
+            frames, used = F.split_frames(buffer)
+            del buffer[:used]
+            for kind, body in frames:
+                self.relay.on_frame(kind, body)
+        except (F.FrameError, P.ProtocolError, ValueError) as exc:
+            self.relay._end(1, f"the relay of host {self.relay.host}: a malformed frame from "
+                               f"the coordinator ({exc})")
+
+    def connection_lost(self, exc) -> None:
+        self.relay._up = None
+        if not self.relay._up_closed.done():
+            self.relay._up_closed.set_result(None)
+        self.relay.upstream_lost()
+
+
+class _WorkerLink(asyncio.Protocol):
+    """One worker's connection to the relay: lines in."""
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+        self.transport: Optional[asyncio.Transport] = None
+        self.rank: Optional[int] = None
+        self._buffer = bytearray()
+        self._hello_timer = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        # a connection that says no hello is closed, as the coordinator's are
+        self._hello_timer = asyncio.get_running_loop().call_later(HELLO_S, self._no_hello)
+
+    def _no_hello(self) -> None:
+        if self.rank is None:
+            self.transport.close()
+
+    def _refuse(self, reason: str) -> None:
+        relay = self.relay
+        relay.refused += 1
+        if relay.refused <= REFUSALS_SHOWN:
+            log.warning("the relay of host %s refused a connection: %s", relay.host, reason)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        relay = self.relay
+        while True:
+            limit = P.MAX_HELLO if self.rank is None else P.MAX_LINE
+            end = buffer.find(b"\n", start, start + limit + 1)
+            if end < 0:
+                break
+            line = bytes(buffer[start:end])
+            start = end + 1
+            if self.rank is not None:
+                relay.on_message(self.rank, line)
+                continue
+            try:
+                msg = P.decode(line, P.MAX_HELLO)
+            except P.ProtocolError as exc:
+                self._refuse(str(exc))
+                return
+            if msg["type"] != P.HELLO or not P.token_ok(msg, relay.token):
+                self._refuse("bad hello or token")
+                return
+            if not relay.on_hello(self, msg):
+                self.transport.close()
+                return
+            relay._forward(self.rank, F.rank_frame(F.FORWARD, self.rank, line))
+        del buffer[:start]
+        limit = P.MAX_HELLO if self.rank is None else P.MAX_LINE
+        if len(buffer) > limit:
+            head = bytes(buffer[:limit + 1])
+            buffer.clear()
+            if self.rank is None:
+                self._refuse(f"first line longer than {limit} bytes")
+            else:                       # the coordinator fails the job, naming the worker
+                relay.on_message(self.rank, head)
+
+    def connection_lost(self, exc) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.relay.on_lost(self)
+
+
+def main() -> int:
+    """``python -m mxlbbsp.relay``: the relay of this host, from the launcher's variables."""
+    logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    try:
+        listen, upstream = _env.relay(), _env.coordinator()
+        workers = _env.local_size()
+        if listen is None or upstream is None:
+            raise _env.EnvError(f"{_env.RELAY} and {_env.COORDINATOR} must be set; `mxlbbsp "
+                                "launch` starts the relays itself")
+        if workers < 1:
+            raise _env.EnvError(f"{_env.LOCAL_SIZE}={workers}: a relay serves at least one "
+                                "worker")
+    except _env.EnvError as exc:
+        raise _env.refuse(exc) from None
+    relay = Relay(listen, upstream, _env.token(), _env.host(), workers)
+    try:
+        return asyncio.run(relay.run())
+    except ConnectionError as exc:
+        sys.stderr.write(f"mxlbbsp: error: {exc}\n")
+        return 1

@@ -1,0 +1,331 @@
+"""A host's relay (mxlbbsp.relay) between real worker sessions and a real coordinator, in
+this process (the relay on a thread of its own, over a Unix socket in the abstract
+namespace), and its frames (mxlbbsp.core.frames)."""
+import asyncio
+import json
+import secrets
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.core import frames as F
+from mxlbbsp.core import metrics
+from mxlbbsp.core import protocol as P
+from mxlbbsp.relay.relay import Relay
+from mxlbbsp.worker.session import Session
+from test_coordinator import TOKEN, run_iteration
+
+# ---- frames -------------------------------------------------------------------------------
+
+
+def _report(t, rank, **extra):
+    msg = P.report(t, 10 + rank, 0.01 * (rank + 1), 50.0, 20.0, 1.0, 64,
+                   {"runq": 2.0, "steal": float("nan")})
+    msg.update(extra)
+    return msg
+
+
+def test_a_section_reads_back_as_the_messages_sent():
+    items = [(3, _report(5, 3), 0.001), (1, _report(5, 1), 0.002)]
+    frames = F.encode_rows(items)
+    assert len(frames) == 1
+    (kind, body), = F.split_frames(bytearray(b"".join(frames)))[0]
+    rows = F.decode_rows(body, 100.0)
+    assert kind == F.ROWS and rows.what == "report" and rows.iteration == 5
+    assert rows.ranks.tolist() == [3, 1]
+    assert rows.received.tolist() == pytest.approx([99.999, 99.998])
+    back = rows.dicts()
+    for (_, sent, _), got in zip(items, back):
+        assert got.pop("time") == pytest.approx(100.0, abs=0.01)
+        assert list(got) == list(sent) and got == sent       # field for field, in order
+    assert rows.floats("runq").tolist() == [2.0, 2.0]
+    assert np.isnan(rows.floats("steal")).all() and np.isnan(rows.floats("absent")).all()
+    assert rows.kind("batch_size") == "i" and rows.kind("steal") == "n"
+
+
+def test_fields_of_other_kinds_go_in_sections_of_their_own_and_anything_json_travels():
+    items = [(0, _report(2, 0, momentum=0.9, batchnorm=True), 0.0),
+             (1, _report(2, 1, note={"a": [1, "x"]}, big=2 ** 70), 0.0),
+             (2, _report(2, 2), 0.0),
+             (4, {"type": "report", "iteration": 2, "\0bad": 1}, 0.0)]
+    frames = F.encode_rows(items)
+    parsed = F.split_frames(bytearray(b"".join(frames)))[0]
+    kinds = [k for k, _ in parsed]
+    assert kinds.count(F.ROWS) == 3 and kinds.count(F.FORWARD) == 1
+    got = {}
+    for kind, body in parsed:
+        if kind == F.ROWS:
+            rows = F.decode_rows(body, 0.0)
+            for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+                msg.pop("time")
+                got[rank] = msg
+        else:
+            rank, line = F.split_rank(body)
+            got[rank] = P.decode(line)
+    for rank, msg, _ in items:
+        assert got[rank] == msg
+        assert type(got[rank].get("batchnorm", False)) is bool
+
+
+def test_a_malformed_section_is_a_frame_error():
+    body = F.split_frames(bytearray(F.encode_rows([(0, _report(1, 0), 0.0)])[0]))[0][0][1]
+    with pytest.raises(F.FrameError):
+        F.decode_rows(body[:-8], 0.0)
+    with pytest.raises(F.FrameError):
+        F.split_frames(bytearray(F.HEADER.pack(F.ROWS, F.MAX_FRAME + 1)))
+
+
+def test_slices_frames_carry_each_workers_alloc_line():
+    frame = F.slices_frame(7, 100, np.array([4, 9]), np.array([10, 60]), np.array([5, 40]))
+    (kind, body), = F.split_frames(bytearray(frame))[0]
+    assert kind == F.SLICES
+    assert F.alloc_lines(body) == [(4, P.alloc_line(7, 10, 5, 100)),
+                                   (9, P.alloc_line(7, 60, 40, 100))]
+
+
+# ---- relays between sessions and a coordinator --------------------------------------------
+
+
+class RelayThread:
+    """A Relay on a thread of its own, serving ``workers`` workers of ``host``."""
+
+    def __init__(self, c, host, workers, token=TOKEN):
+        self.name = f"mxlbbsp-test-{secrets.token_hex(6)}"
+        self.relay = Relay("\0" + self.name, tuple(c.address), token, host, workers)
+        self.rc = None
+        self.loop = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while self.relay._server is None and self.rc is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _run(self):
+        async def main():
+            self.loop = asyncio.get_running_loop()
+            return await self.relay.run()
+        self.rc = asyncio.run(main())
+
+    @property
+    def address(self):
+        return f"unix:@{self.name}"
+
+    def stop(self):
+        if self.loop is not None and self.rc is None:
+            try:
+                self.loop.call_soon_threadsafe(self.relay._end, 0)
+            except RuntimeError:        # it ended meanwhile (its loop is closed)
+                pass
+        self.thread.join(10)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """job(n, hosts) -> (coordinator, sessions, relays): ``hosts``, workers per host (a host
+    of one worker connects directly, as the launcher's --relay auto does)."""
+    made = []
+
+    def make(n, hosts, sync="lbbsp", **kw):
+        kw.setdefault("metrics_path", str(tmp_path / f"m{len(made)}.jsonl"))
+        c = Coordinator(CoordinatorConfig(num_workers=n, token=TOKEN, sync=sync, **kw))
+        c.start()
+        made.append(c)
+        relays, addresses = [], []
+        for h, k in enumerate(hosts):
+            if k > 1:
+                relay = RelayThread(c, f"host{h}", k)
+                relays.append(relay)
+                made.append(relay)
+                addresses += [relay.address] * k
+            else:
+                addresses.append(f"{c.address[0]}:{c.address[1]}")
+        out, errors = [None] * n, []
+
+        def open_one(r):
+            env = {"MXLBBSP_COORDINATOR": addresses[r], "MXLBBSP_TOKEN": TOKEN,
+                   "MXLBBSP_RANK": str(r), "DMLC_NUM_WORKER": str(n), "MXLBBSP_SYNC": sync,
+                   "MXLBBSP_HOST": f"h{r}"}
+            try:
+                out[r] = Session(64, 640, 64, None, env=env)
+            except BaseException as exc:  # noqa: BLE001 - collected for the test
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not errors, errors
+        return c, out, relays
+
+    yield make
+    for thing in reversed(made):
+        thing.stop()
+
+
+def test_workers_behind_relays_are_balanced_and_recorded_like_direct_ones(job):
+    c, ss, relays = job(5, [2, 1, 2])
+    assert c.registered == 5 and len(c.links.relays) == 2
+    for _ in range(6):
+        sizes = run_iteration(ss, [0.05, 0.05, 0.05, 0.05, 0.15])
+        assert sum(sizes) == 64
+    assert sizes[4] < min(sizes[:4])                     # the slow one, behind a relay
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5) and c.failure is None
+    c.stop()
+    rows = metrics.load(c.config.metrics_path)
+    assert [(r["iteration"], r["rank"]) for r in rows] == [(t, r) for t in range(6)
+                                                         for r in range(5)]
+    assert all(r["wait_s"] is not None and r["runq"] is not None for r in rows)
+    for relay in relays:
+        relay.thread.join(5)
+        assert relay.rc == 0                         # every worker ended: the relay too
+        # a host's reports and dones of an iteration leave in one frame (mostly)
+        assert relay.relay.sections_up < relay.relay.messages_up
+
+
+def _raw_worker(address, rank, n, B=64):
+    sock = P.connect(P.parse_address(address), timeout=10)
+    sock.sendall(P.encode(dict(P.hello(rank, TOKEN, 1, "h", B, 10 * B, None),
+                               min_global_batch=B)))
+    return sock, sock.makefile("rb")
+
+
+def _decisions(c, addresses, iterations=12):
+    """Feed the same reports (compute from the batch, per rank) through ``addresses``; the
+    split of every iteration, and the records' fields the balancing decides."""
+    n = len(addresses)
+    socks = [None] * n
+    threads = [threading.Thread(target=lambda r=r: socks.__setitem__(
+        r, _raw_worker(addresses[r], r, n))) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    files = [f for _, f in socks]
+    sizes = json.loads(files[0].readline())["allocation"]
+    for f in files[1:]:
+        f.readline()
+    splits = [sizes]
+    for t in range(iterations):
+        for r, (sock, _) in enumerate(socks):
+            compute = 0.001 * (1 + r) + sizes[r] * 0.0002 * (1 + (r % 3))
+            sock.sendall(P.encode(P.report(t, sizes[r], compute, 50.0, 20.0, 1.0, 64,
+                                           {"runq": float(r)})))
+        sizes = [json.loads(f.readline())["size"] for f in files]
+        splits.append(sizes)
+        for sock, _ in socks:
+            sock.sendall(P.encode(P.done(t, 0.001, 0.002, 0.01)))
+    for sock, _ in socks:
+        sock.sendall(P.encode(P.bye(iterations - 1)))
+        sock.close()
+    assert c.finished.wait(10) and c.failure is None
+    c.stop()
+    keep = ("iteration", "rank", "batch_size", "compute_s", "predicted_speed", "wait_s",
+            "runq", "fallbacks")
+    return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics_path)]
+
+
+def test_the_same_reports_give_the_same_splits_and_records_through_relays(tmp_path):
+    results = []
+    for hosts in ([1] * 6, [3, 3], [4, 1, 1]):
+        c = Coordinator(CoordinatorConfig(num_workers=6, token=TOKEN,
+                                          metrics_path=str(tmp_path / f"{len(results)}.jsonl")))
+        c.start()
+        relays, addresses = [], []
+        for h, k in enumerate(hosts):
+            if k > 1:
+                relays.append(RelayThread(c, f"host{h}", k))
+                addresses += [relays[-1].address] * k
+            else:
+                addresses.append(f"{c.address[0]}:{c.address[1]}")
+        try:
+            results.append(_decisions(c, addresses))
+        finally:
+            c.stop()
+            for relay in relays:
+                relay.stop()
+    assert results[0][0][-1] != results[0][0][0]         # it did rebalance
+    assert results[1] == results[0] and results[2] == results[0]
+
+
+def test_a_malformed_report_through_a_relay_fails_the_job_naming_the_worker(job):
+    c, ss, _ = job(2, [2])
+    run_iteration(ss, [0.05, 0.05])
+    ss[1].send({"type": "report", "iteration": 1, "batch_size": 0, "compute_s": 0.1})
+    deadline = time.monotonic() + 5
+    while c.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.failure == "worker 1: protocol error: report of iteration 1 has batch_size=0, " \
+                        "compute_s=0.1"
+
+
+def test_a_worker_that_drops_its_connection_to_the_relay_is_named(job):
+    c, ss, _ = job(3, [3])
+    run_iteration(ss, [0.05, 0.05, 0.05])
+    ss[2]._sock.shutdown(socket.SHUT_RDWR)   # no bye
+    deadline = time.monotonic() + 5
+    while c.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.failure == "worker 2 lost its connection to the coordinator before it finished"
+
+
+def test_a_relay_that_goes_away_is_named_with_its_host(job):
+    c, ss, relays = job(2, [2])
+    run_iteration(ss, [0.05, 0.05])
+    relays[0].loop.call_soon_threadsafe(relays[0].relay._up.abort)
+    deadline = time.monotonic() + 5
+    while c.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.failure == "the relay of host host0 lost its connection to the coordinator " \
+                        "before its workers finished"
+    relays[0].thread.join(5)
+    assert relays[0].rc == 1
+
+
+def test_the_relay_refuses_a_connection_without_the_token(job):
+    c, ss, relays = job(2, [2])
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect("\0" + relays[0].name)
+        s.sendall(P.encode(P.hello(0, "wrong", 1, "h", 64, 640, None)))
+        s.settimeout(5)
+        assert s.recv(100) == b""
+    assert relays[0].relay.refused == 1 and c.failure is None
+    run_iteration(ss, [0.05, 0.05])          # the job goes on
+
+
+def test_a_rank_behind_two_relays_is_refused(job):
+    c, ss, relays = job(2, [2])
+    other = RelayThread(c, "intruder", 1)
+    try:
+        with P.connect(P.parse_address(other.address), timeout=5) as s:
+            s.sendall(P.encode(dict(P.hello(1, TOKEN, 1, "h", 64, 640, None),
+                                    min_global_batch=64)))
+            line = s.makefile("rb").readline()
+        assert b"rank 1 connected twice" in line
+    finally:
+        other.stop()
+    run_iteration(ss, [0.05, 0.05])
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({}, "MXLBBSP_RELAY and MXLBBSP_COORDINATOR must be set"),
+    ({"MXLBBSP_RELAY": "unix:@x", "MXLBBSP_COORDINATOR": "nowhere"}, "expected host:port"),
+    ({"MXLBBSP_RELAY": "unix:@x", "MXLBBSP_COORDINATOR": "127.0.0.1:1",
+      "MXLBBSP_LOCAL_SIZE": "0"}, "a relay serves at least one worker"),
+])
+def test_a_relay_started_by_hand_with_bad_variables_says_so_in_one_line(env, needle):
+    import os
+    import subprocess
+    import sys
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MXLBBSP_")}
+    r = subprocess.run([sys.executable, "-m", "mxlbbsp.relay"], env={**clean, **env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mxlbbsp: error: ") and needle in lines[0]
