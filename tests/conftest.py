@@ -73,6 +73,26 @@ def wait_no_leftovers(marker: str, timeout: float = 10.0):
         time.sleep(0.2)
 
 
+def in_threads(make, n, timeout=20.0):
+    """``make(r)`` for r in 0..n-1, each in a thread of its own, all at once (workers'
+    sessions: registration waits for every worker); (results by r, the exceptions raised)."""
+    import threading
+    out, errors = [None] * n, []
+
+    def one(r):
+        try:
+            out[r] = make(r)
+        except BaseException as exc:  # noqa: BLE001 - collected for the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return out, errors
+
+
 def mxlbbsp_argv(*args):
     return [PY, "-m", "mxlbbsp.launcher", *map(str, args)]
 

@@ -12,6 +12,8 @@ from mxlbbsp.control.coordinator import CoordinatorConfig
 from mxlbbsp.worker.session import JobAborted
 from mxlbbsp.worker.session import Session
 
+from conftest import in_threads
+
 TOKEN = "t0ken"
 
 
@@ -42,21 +44,8 @@ def env_for(c, rank, n, sync="lbbsp", token=TOKEN, slowdown=None):
 
 def sessions(c, n, B=64, N=640, sync="lbbsp", **kw):
     """Open n sessions concurrently (registration waits for all of them)."""
-    out, errors = [None] * n, []
-
-    def open_one(r):
-        try:
-            out[r] = Session(B, N, kw.get("min_global_batch", B), kw.get("max_batch"),
-                             env=env_for(c, r, n, sync))
-        except BaseException as exc:  # noqa: BLE001 - collected for the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    return out, errors
+    return in_threads(lambda r: Session(B, N, kw.get("min_global_batch", B), kw.get("max_batch"),
+                                        env=env_for(c, r, n, sync)), n)
 
 
 def finished_records(c):

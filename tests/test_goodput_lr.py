@@ -4,7 +4,6 @@ split, recorded, and replayed (``--lr-scaling adascale``); and the throughput mo
 coordinator with real sessions over loopback TCP."""
 import json
 import math
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from mxlbbsp.modes import goodput
 from mxlbbsp.modes.lbbsp import BatchChoosingPolicy
 from mxlbbsp.worker.session import Session
 
+from conftest import in_threads
 from test_coordinator import TOKEN, coordinator, env_for, finished_records  # noqa: F401
 
 
@@ -96,20 +96,8 @@ def test_the_push_pull_time_is_the_least_any_worker_measured():
 
 
 def _sessions(c, n, B, N, rule):
-    out, errors = [None] * n, []
-
-    def open_one(r):
-        try:
-            env = dict(env_for(c, r, n, "goodput"), MXLBBSP_LR_SCALING=rule)
-            out[r] = Session(B, N, B, None, env=env)
-        except BaseException as exc:  # noqa: BLE001 - collected for the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    out, errors = in_threads(lambda r: Session(
+        B, N, B, None, env=dict(env_for(c, r, n, "goodput"), MXLBBSP_LR_SCALING=rule)), n)
     assert not errors
     return out
 

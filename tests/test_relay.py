@@ -17,6 +17,7 @@ from mxlbbsp.core import metrics
 from mxlbbsp.core import protocol as P
 from mxlbbsp.relay.relay import Relay
 from mxlbbsp.worker.session import Session
+from conftest import in_threads
 from test_coordinator import TOKEN, run_iteration
 
 # ---- frames -------------------------------------------------------------------------------
@@ -143,22 +144,10 @@ def job(tmp_path):
                 addresses += [relay.address] * k
             else:
                 addresses.append(f"{c.address[0]}:{c.address[1]}")
-        out, errors = [None] * n, []
-
-        def open_one(r):
-            env = {"MXLBBSP_COORDINATOR": addresses[r], "MXLBBSP_TOKEN": TOKEN,
-                   "MXLBBSP_RANK": str(r), "DMLC_NUM_WORKER": str(n), "MXLBBSP_SYNC": sync,
-                   "MXLBBSP_HOST": f"h{r}"}
-            try:
-                out[r] = Session(64, 640, 64, None, env=env)
-            except BaseException as exc:  # noqa: BLE001 - collected for the test
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_one, args=(r,)) for r in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(20)
+        out, errors = in_threads(lambda r: Session(64, 640, 64, None, env={
+            "MXLBBSP_COORDINATOR": addresses[r], "MXLBBSP_TOKEN": TOKEN,
+            "MXLBBSP_RANK": str(r), "DMLC_NUM_WORKER": str(n), "MXLBBSP_SYNC": sync,
+            "MXLBBSP_HOST": f"h{r}"}), n)
         assert not errors, errors
         return c, out, relays
 
