@@ -300,20 +300,6 @@ def test_the_balancer_says_why_it_chose_a_split():
     assert b.decision == "new split (no current one)"
 
 
-def _greedy_by_heap(batch, a, v, hi, remaining):
-    """The one-at-a-time greedy completion as allocate() did it before it was done in arrays:
-    the reference its choices must equal."""
-    import heapq
-    heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(len(batch))
-            if batch[i] < hi[i]]
-    heapq.heapify(heap)
-    for _ in range(remaining):
-        _, _, i = heapq.heappop(heap)
-        batch[i] += 1
-        if batch[i] < hi[i]:
-            heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], -v[i], i))
-
-
 @settings(max_examples=400, deadline=None)
 @given(st.integers(1, 60), st.sampled_from(["spread", "equal", "rounded"]), st.booleans(),
        st.booleans(), st.data())
@@ -332,5 +318,5 @@ def test_the_greedy_completion_in_arrays_chooses_what_the_heap_did(n, speeds, fi
     remaining = data.draw(st.integers(1, live))
     mine, theirs = batch.copy(), batch.copy()
     S._complete(mine, a, v, hi, remaining)
-    _greedy_by_heap(theirs, a, v, hi, remaining)
+    S._complete_by_heap(theirs, a, v, hi, remaining)
     assert mine.tolist() == theirs.tolist()

@@ -89,13 +89,7 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     if 0 < remaining <= int(np.count_nonzero(batch < hi)):
         _complete(batch, a, v, hi, remaining)
     elif remaining > 0:                     # not from the rounding above: one at a time
-        heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(n) if batch[i] < hi[i]]
-        heapq.heapify(heap)
-        for _ in range(remaining):
-            _, _, i = heapq.heappop(heap)
-            batch[i] += 1
-            if batch[i] < hi[i]:
-                heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], -v[i], i))
+        _complete_by_heap(batch, a, v, hi, remaining)
     elif remaining < 0:  # only from rounding at the 1e-9 guard; take back from the latest
         heap = [(-(a[i] + batch[i] / v[i]), v[i], i) for i in range(n) if batch[i] > lo[i]]
         heapq.heapify(heap)
@@ -105,6 +99,21 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
             if batch[i] > lo[i]:
                 heapq.heappush(heap, (-(a[i] + batch[i] / v[i]), v[i], i))
     return batch
+
+
+def _complete_by_heap(batch: np.ndarray, a: np.ndarray, v: np.ndarray, hi: np.ndarray,
+                      remaining: int) -> None:
+    """:func:`_complete` one sample at a time with a heap of each worker's next finish time
+    (ties: the faster, then the lower rank): for many more samples than workers, and the
+    reference the arrays must equal (tests/test_balancer.py)."""
+    heap = [(a[i] + (batch[i] + 1) / v[i], -v[i], i) for i in range(len(batch))
+            if batch[i] < hi[i]]
+    heapq.heapify(heap)
+    for _ in range(remaining):
+        _, _, i = heapq.heappop(heap)
+        batch[i] += 1
+        if batch[i] < hi[i]:
+            heapq.heappush(heap, (a[i] + (batch[i] + 1) / v[i], -v[i], i))
 
 
 def _complete(batch: np.ndarray, a: np.ndarray, v: np.ndarray, hi: np.ndarray,
