@@ -43,7 +43,9 @@ def main():
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",
              "--batch-size", str(args.batch_size), "--epochs", "100",
              "--iterations", str(iters), "--log-interval", "0"]
-    launch = ["--emulate-slowdown", "1,3"]
+    # --relay off in every arm: the baseline's workers (older code) speak to the coordinator
+    # only over TCP, and the arms must differ in the BatchNorm statistics alone
+    launch = ["--emulate-slowdown", "1,3", "--relay", "off"]
     with C.worktree(args.baseline) as tree, tempfile.TemporaryDirectory() as tmp:
         old = [C.PY, str(tree / "examples" / "train_gluon.py"), *train]
         arms = {"exact": (train, launch, None),

@@ -262,8 +262,8 @@ def families(seeds, names=("narx", "narx-adam"), options=None, quiet=False) -> d
                 opts = (options or {}).get(n, {})
                 f = np.concatenate([_trace.forecasts(n, series, **opts)[0][1:]
                                     for series in trace.ranks.values()])
-                per[n].append(_trace._score(y, f)["mape"])
-                seen[n].append(_trace._score(y[~new], f[~new])["mape"])
+                per[n].append(_trace.score(y, f)["mape"])
+                seen[n].append(_trace.score(y[~new], f[~new])["mape"])
         entry = {"lead": kw["lead"], "best_mape": float(np.mean(best)),
                  "oracle_mape": float(np.mean(orc)),
                  "oracle_ratio": float(np.mean(np.array(orc) / best)),

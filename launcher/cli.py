@@ -227,8 +227,9 @@ def cli(verbose):
               help="auto: one relay process on every host with two or more workers: they "
                    "talk to it, and it sends the coordinator their reports and dones of an "
                    "iteration in one message (the coordinator's work per iteration stays "
-                   "small at hundreds of workers); off: every worker talks to the "
-                   "coordinator itself.")
+                   "small at hundreds of workers; its workers reach it by a Unix socket in "
+                   "/tmp); off: every worker talks to the coordinator itself (for workers in "
+                   "containers that do not share the host's /tmp).")
 @click.option("--remote-python", metavar="PATH",
               help="Python on the remote hosts (default: this one's path, "
                    "i.e. the same virtualenv everywhere).")

@@ -28,6 +28,9 @@ host's cores // k, so that each host divides its own cores, not the launch machi
 ``python -m mxlbbsp.launcher.guard --check FOLDER`` is the launcher's SSH pre-flight: it
 succeeds when this host has mxlbbsp (the guard) and the launch folder.
 
+With ``"sockets": [PATH, ...]`` in the spec (a relay's), the guard removes those Unix sockets
+once the command has ended, however it ended.
+
 With ``"boot": true`` in the spec (the launcher's workers), the guard puts its folder
 ``_boot`` first on ``PYTHONPATH``: its ``sitecustomize`` makes a Python worker that ends with an
 uncaught exception or a non-zero ``SystemExit`` exit at once instead of hanging in ps-lite's
@@ -54,6 +57,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -312,7 +316,19 @@ class Guard:
         rc = self.child.wait()
         # Leftovers of the command (e.g. data-loading processes) die with it.
         _killpg(self.child.pid, signal.SIGKILL)
+        remove_sockets(self.spec.get("sockets") or ())
         return rc if rc >= 0 else 128 - rc
+
+
+def remove_sockets(paths) -> None:
+    """Remove the Unix sockets a command left (a relay killed before it could): only
+    sockets, never another kind of file."""
+    for path in paths:
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        except (OSError, TypeError):
+            pass
 
 
 def check(folder: str) -> int:

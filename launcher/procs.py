@@ -83,7 +83,7 @@ class RoleProcess:
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
                  show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
                  boot: bool = False, cpu_every: Optional[float] = None,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, sockets: Optional[List[str]] = None):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
@@ -100,6 +100,8 @@ class RoleProcess:
         self.boot = boot
         #: the guard reports the command's CPU seconds this often (remote workers)
         self.cpu_every = cpu_every
+        #: Unix sockets the command creates, which its guard removes once it has ended
+        self.sockets = list(sockets or [])
         #: what its guard, its exit hook and its refusals said (see :mod:`.said`)
         self.said = Said()
         short = role if rank is None else f"{role} {rank}"
@@ -129,6 +131,8 @@ class RoleProcess:
             spec["boot"] = True
         if self.cpu_every:
             spec["cpu_every"] = self.cpu_every
+        if self.sockets:
+            spec["sockets"] = self.sockets
         return spec
 
     def start(self) -> None:

@@ -4,8 +4,8 @@ started.
 
 A host with two or more workers gets a relay (``python -m mxlbbsp.relay``, ``--relay
 auto``): its workers' ``MXLBBSP_COORDINATOR`` is the relay's Unix socket on that host
-(``unix:@mxlbbsp-JOB-I``, in the abstract namespace: no file), and the relay reaches the
-coordinator (``_env.relay_env``); a host of one worker has it talk to the coordinator
+(``unix:/tmp/mxlbbsp-JOB-I.sock``, which the relay's guard removes when it ends), and the relay
+reaches the coordinator (``_env.relay_env``); a host of one worker has it talk to the coordinator
 itself, as every worker does with ``--relay off``.
 
 What each role gets: ``PYTHONUNBUFFERED``; what the transport forwards from this process
@@ -32,6 +32,9 @@ from .guard import SHARE_CORES
 from .hostfile import Host, Placement, local_ranks
 from .procs import Output, RoleProcess, local_transport
 
+#: where a relay's Unix socket is, on its host (a file, not Linux's abstract namespace, which
+#: is per network namespace: a worker started under ``ip netns exec`` could not reach it)
+SOCKET_DIR = "/tmp"
 #: a remote worker's guard reports its CPU seconds this often (see guard.CPU), and whether
 #: its command is stopped (see guard.STOPPED) within this
 CPU_EVERY = 1.0
@@ -87,14 +90,15 @@ class RoleBuilder:
             for host in self.placement.workers:
                 if per_host[host.name] >= 2 and host.name not in relay_of:
                     i = len(relays)
-                    listen = f"\0mxlbbsp-{self.job_id}-{i}"
+                    listen = f"{SOCKET_DIR}/mxlbbsp-{self.job_id}-{i}.sock"
                     relay_of[host.name] = listen
                     env = self._base_env(None)
                     env.update(_env.relay_env(listen, coordinator_addr, self.token, host.name,
                                               per_host[host.name]))
                     relays.append(self._role("relay", i, host,
                                              [self.transport.python(host), "-m", "mxlbbsp.relay"],
-                                             env, name=f"the relay of {host.name}"))
+                                             env, name=f"the relay of {host.name}",
+                                             sockets=[listen]))
         workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
@@ -135,7 +139,8 @@ class RoleBuilder:
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,
               boot: bool = False, watched: bool = False,
-              name: Optional[str] = None) -> RoleProcess:
+              name: Optional[str] = None,
+              sockets: Optional[List[str]] = None) -> RoleProcess:
         """``transport``: the scheduler's (this machine); None: the job's. ``watched``: a
         remote guard reports the command's CPU use and its stopped state. ``name``: what the
         launcher's lines call it (default: role and rank)."""
@@ -151,7 +156,7 @@ class RoleBuilder:
                            transport or self.transport.guard_argv(host, label), self.output,
                            show_host=self.transport.remote, silence=silence, boot=boot,
                            cpu_every=CPU_EVERY if watched and self.transport.reports_cpu
-                           else None, name=name)
+                           else None, name=name, sockets=sockets)
         proc.via = self._local if local else self.transport
         proc.hide = proc.via.hide
         return proc

@@ -4,6 +4,7 @@ leaves nothing behind. Real schedulers, servers and workers on loopback.
 The wall-clock bounds only prove that the job ends (a hang would run into them); the
 launcher's own output says how fast. Each job is small: -n 2, -s 1, a 3-weight model.
 """
+import glob
 import os
 import re
 import subprocess
@@ -268,6 +269,7 @@ def test_a_killed_relay_ends_the_job_naming_its_host(what):
     """Issue 26: the host's relay (--relay auto: two workers on this host) killed with -9,
     itself or its guard: the job ends with one line that names it and its host, not its
     workers' lost connections, and leaves nothing behind."""
+    sockets_before = set(glob.glob("/tmp/mxlbbsp-*.sock"))
     job = Running(["-n", 2, "-s", 1, "--progress", "1", "--", PY, SCRIPT, "--fail", "none",
                    "--iterations", 100000, "--sleep", "0.05"])
     try:
@@ -286,6 +288,7 @@ def test_a_killed_relay_ends_the_job_naming_its_host(what):
             "the relay of localhost exited with code 137: its guard was killed (SIGKILL)")
     assert said in errors[0], job.output
     assert wait_no_leftovers(job.marker) == []
+    assert set(glob.glob("/tmp/mxlbbsp-*.sock")) <= sockets_before     # nor its socket
 
 
 # ---- the stall limit and its option (no processes) -------------------------------------------

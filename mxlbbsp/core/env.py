@@ -21,8 +21,8 @@ mxlbbsp's own:
 
 =====================  ===========================================================
 MXLBBSP_COORDINATOR    host:port of the coordinator, or for a worker behind its host's relay
-                       the relay's unix:@NAME (absent: no coordination)
-MXLBBSP_RELAY          a relay's own (``python -m mxlbbsp.relay``): the unix:@NAME it listens
+                       the relay's unix:PATH (absent: no coordination)
+MXLBBSP_RELAY          a relay's own (``python -m mxlbbsp.relay``): the unix:PATH it listens
                        on for its host's workers (it reaches the coordinator at
                        MXLBBSP_COORDINATOR and serves MXLBBSP_LOCAL_SIZE workers)
 MXLBBSP_TOKEN          per-job secret; the coordinator refuses connections without it

@@ -35,7 +35,7 @@ to the coordinator as ``relay {token, host, workers, pid}``; its connection then
 binary frames of :mod:`mxlbbsp.core.frames`.
 
 Addresses (``MXLBBSP_COORDINATOR``): ``host:port`` (TCP), or ``unix:PATH`` for a Unix socket
-on the same host, ``unix:@NAME`` in Linux's abstract namespace (a relay's: no file).
+on the same host (a relay's), or ``unix:@NAME`` in Linux's abstract namespace.
 
 No framework imports; stdlib only.
 """

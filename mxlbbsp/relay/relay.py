@@ -1,9 +1,11 @@
 """A host's relay: its workers talk to it, and it talks to the coordinator in one connection.
 
 The launcher starts one per host with two or more workers (``--relay auto``), under a guard
-like every role: ``python -m mxlbbsp.relay``. It listens on a Unix socket in the host's
-abstract namespace (``MXLBBSP_RELAY``, ``unix:@NAME``: no file to clean up), which is the
-``MXLBBSP_COORDINATOR`` of the host's workers; they speak :mod:`mxlbbsp.core.protocol` with it
+like every role: ``python -m mxlbbsp.relay``. It listens on a Unix socket (``MXLBBSP_RELAY``,
+``unix:PATH``), which is the ``MXLBBSP_COORDINATOR`` of the host's workers: a file, not Linux's
+abstract namespace, which is per network namespace (a worker started under ``ip netns exec``
+reaches a file too). It removes the file once all its workers have connected, or when it ends;
+its guard does if it was killed. The workers speak :mod:`mxlbbsp.core.protocol` with it
 exactly as with the coordinator. It checks each worker's hello (the job's token, the size of
 the line) itself, opens one TCP connection to the coordinator (its own hello, then the frames
 of :mod:`mxlbbsp.core.frames`) and relays:
@@ -118,6 +120,7 @@ class Relay:
             return await self._done
         finally:
             self._server.close()
+            self._unlink()
             for link in list(self.workers.values()):
                 link.transport.close()
             if self._up is not None:
@@ -127,6 +130,15 @@ class Relay:
                     await asyncio.wait_for(asyncio.shield(self._up_closed), 5.0)
                 except asyncio.TimeoutError:
                     pass
+
+    def _unlink(self) -> None:
+        """Remove the socket's file (none in the abstract namespace): at the end, or once
+        every worker has connected (nobody else may, and a killed relay leaves nothing)."""
+        if isinstance(self.listen, str) and not self.listen.startswith("\0"):
+            try:
+                os.unlink(self.listen)
+            except OSError:
+                pass
 
     def _end(self, code: int, message: Optional[str] = None) -> None:
         if message:
@@ -182,6 +194,8 @@ class Relay:
         self.workers[rank] = link
         self.active.add(rank)
         self.registered += 1
+        if self.registered == self.expected:
+            self._unlink()
         return True
 
     def on_message(self, rank: int, line: bytes) -> None:

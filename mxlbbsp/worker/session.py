@@ -195,8 +195,11 @@ class Session:
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:
+                    hint = ("" if not isinstance(addr, str) else
+                            " (its host's relay: a worker that does not share this host's "
+                            "files, e.g. in a container, needs `mxlbbsp launch --relay off`)")
                     raise CoordinatorLost(f"cannot reach the coordinator at "
-                                          f"{P.format_address(addr)}: {exc}") from None
+                                          f"{P.format_address(addr)}: {exc}{hint}") from None
                 time.sleep(0.2)
         sock.settimeout(None)
         self._sock = sock
