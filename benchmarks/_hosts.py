@@ -1,5 +1,6 @@
 """Emulated hosts for coordinator_scale.py: the simulated workers, k per host, behind their
-host's relay, as ``mxlbbsp launch --relay auto`` runs a job with k workers per host.
+host's relay, as ``mxlbbsp launch`` runs a job of 64+ workers (or ``--relay on``), k per
+host.
 
 The relays are the real :class:`mxlbbsp.relay.relay.Relay` (one per emulated host, each with
 its own connection to the coordinator and its own abstract Unix socket), all of them on one

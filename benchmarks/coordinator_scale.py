@@ -49,6 +49,7 @@ are left out).
                                        # this tree against commit REV's code, side by side
                                        # (REV's own script: workers direct if it has no relays)
     python benchmarks/coordinator_scale.py --predictors narx,ema --sizes 256  # likewise
+    python benchmarks/coordinator_scale.py --relays-vs-direct --sizes 16,64   # likewise
 
 Placement (``--placement``): ``pinned`` (default) runs the coordinator's thread alone on the
 first core and the simulated workers on the others, as on a cluster, where the workers are
@@ -506,6 +507,11 @@ def main():
                    help="instead: this tree and the code of commit REV side by side (ABBA "
                         "over --rounds) at --sizes with --arrivals, pinned; writes "
                         "coordinator_scale_baseline_REV")
+    p.add_argument("--relays-vs-direct", action="store_true",
+                   help="instead: the workers behind relays (--per-host) and connected "
+                        "directly, side by side (ABBA over --rounds) at --sizes with "
+                        "--arrivals, pinned; writes coordinator_scale_relays_vs_direct "
+                        "(where --relay auto starts relays)")
     p.add_argument("--rounds", type=int, default=4,
                    help="rounds of --predictors or --baseline (4)")
     p.add_argument("--per-host", type=int, default=PER_HOST, metavar="K",
@@ -532,6 +538,14 @@ def main():
             for name in args.predictors.split(",")}
         side_by_side(variants, sizes, arrivals, iters, args.rounds,
                      "coordinator_scale_predictors", "predictor", wait=not args.quick)
+        return
+    if args.relays_vs_direct:
+        variants = {label: (lambda n, a, k=k: measure(n, iters, arrival=a,
+                                                      compute_ms=args.compute_ms, per_host=k))
+                    for label, k in ((f"relays ({args.per_host} per host)", args.per_host),
+                                     ("direct", 0))}
+        side_by_side(variants, sizes, arrivals, iters, args.rounds,
+                     "coordinator_scale_relays_vs_direct", "workers", wait=not args.quick)
         return
     if args.baseline:
         import _common as C

@@ -4,7 +4,7 @@ workers behind its relay (issue 26), end to end, and its metrics in `mxlbbsp rep
 The hosts are 127.0.0.1 .. 127.0.0.H, reached over SSH through a private sshd of their own
 (tests/sshd.py: its own keys and port, loopback only; installed from Debian's packages when
 missing), with a hostfile of K slots each: the launcher starts every role as on a cluster
-(a guard per role at the end of an SSH session), a relay on each host (``--relay auto``),
+(a guard per role at the end of an SSH session), a relay on each host (``--relay on``),
 and each host's workers reach their relay through its Unix socket. The model is tiny (an
 MLP on sklearn's digits, global batch 4 per worker) so that 64 MXNet processes fit on 2
 cores; what it shows is that the path works at this size, not speed.
@@ -63,7 +63,7 @@ def main() -> None:
             marker = uuid.uuid4().hex
             argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-H", str(hostfile),
                     *sshd.launch_options(), "--env", f"MXLBBSP_TEST_MARK={marker}",
-                    "--metrics", str(metrics), "--progress", "10", "--",
+                    "--metrics", str(metrics), "--progress", "10", "--relay", "on", "--",
                     C.PY, str(C.EXAMPLE), "--model", "mlp", "--data", "digits",
                     "--batch-size", str(4 * n), "--epochs", "1000",
                     "--iterations", str(args.iterations), "--log-interval", "0"]
@@ -88,7 +88,7 @@ def main() -> None:
     pace = _pace(rows)
     table = (f"A real job on this machine: {n} workers on {args.hosts} emulated hosts "
              f"(127.0.0.1 .. 127.0.0.{args.hosts}, {args.per_host} slots each) over SSH through "
-             f"a private sshd, a relay on each host (--relay auto), 1 server; an MLP on "
+             f"a private sshd, a relay on each host (--relay on), 1 server; an MLP on "
              f"digits, global batch {4 * n}, {args.iterations} iterations.\n\n"
              "| check | result |\n|---|---|\n"
              + "\n".join(f"| {name} | {'yes' if ok else 'NO'}: {detail} |"

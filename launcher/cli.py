@@ -16,7 +16,14 @@ from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
 
-from .config import ConfigError, LaunchConfig, parse_env, parse_ssh_options
+from .config import (
+    RELAY_CHOICES,
+    RELAY_FROM,
+    ConfigError,
+    LaunchConfig,
+    parse_env,
+    parse_ssh_options,
+)
 from .job import JobFailed, run_job
 
 EXIT_USAGE = 2
@@ -222,14 +229,15 @@ def cli(verbose):
 @click.option("--ssh-identity", metavar="PATH", help="SSH private key (ssh -i).")
 @click.option("--ssh-option", "ssh_option_items", multiple=True, metavar="KEY=VALUE",
               help="Extra ssh -o option (repeatable).")
-@click.option("--relay", type=click.Choice(["auto", "off"]), default=_default("relay"),
+@click.option("--relay", type=click.Choice(list(RELAY_CHOICES)), default=_default("relay"),
               show_default=True,
-              help="auto: one relay process on every host with two or more workers: they "
+              help="on: one relay process on every host with two or more workers: they "
                    "talk to it, and it sends the coordinator their reports and dones of an "
                    "iteration in one message (the coordinator's work per iteration stays "
                    "small at hundreds of workers; its workers reach it by a Unix socket in "
                    "/tmp); off: every worker talks to the coordinator itself (for workers in "
-                   "containers that do not share the host's /tmp).")
+                   "containers that do not share the host's /tmp); auto: on in jobs of "
+                   f"{RELAY_FROM} workers or more (below, the extra hop costs latency).")
 @click.option("--remote-python", metavar="PATH",
               help="Python on the remote hosts (default: this one's path, "
                    "i.e. the same virtualenv everywhere).")

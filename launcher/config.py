@@ -31,8 +31,13 @@ from .hostfile import MAX_WORKERS, Host, parse_hosts
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: --emulate-compute's most (ms per sample): a minute, already hours per iteration
 MAX_SAMPLE_MS = 60_000.0
-#: --relay: a relay per host of two or more workers (auto), or every worker on its own (off)
-RELAY_CHOICES = ("auto", "off")
+#: --relay: a relay per host of two or more workers (on), every worker on its own (off), or
+#: relays from RELAY_FROM workers up (auto)
+RELAY_CHOICES = ("auto", "on", "off")
+#: --relay auto starts relays for jobs of this many workers or more: below, the extra hop
+#: costs latency (16 workers: +0.3 ms end to end), from 64 none, and the coordinator's CPU
+#: per iteration halves (benchmarks/results/coordinator_scale_relays_vs_direct.md)
+RELAY_FROM = 64
 
 
 def _cwd() -> str:
@@ -214,7 +219,8 @@ class LaunchConfig:
     resume: Optional[str] = None
     restarts: int = 0
     launcher: Optional[str] = None            # local | ssh | slurm; None: detected
-    #: auto: a relay (mxlbbsp.relay) on every host with two or more workers; off: none
+    #: on: a relay (mxlbbsp.relay) on every host with two or more workers; off: none; auto:
+    #: on from RELAY_FROM workers
     relay: str = "auto"
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation

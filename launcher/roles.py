@@ -2,11 +2,12 @@
 servers, the hosts' relays and the workers, each a :class:`~.procs.RoleProcess` built, not
 started.
 
-A host with two or more workers gets a relay (``python -m mxlbbsp.relay``, ``--relay
-auto``): its workers' ``MXLBBSP_COORDINATOR`` is the relay's Unix socket on that host
+A host with two or more workers gets a relay (``python -m mxlbbsp.relay``) with ``--relay
+on``, and with ``--relay auto`` in a job of ``RELAY_FROM`` (64) workers or more: its workers'
+``MXLBBSP_COORDINATOR`` is the relay's Unix socket on that host
 (``unix:/tmp/mxlbbsp-JOB-I.sock``, which the relay's guard removes when it ends), and the relay
 reaches the coordinator (``_env.relay_env``); a host of one worker has it talk to the coordinator
-itself, as every worker does with ``--relay off``.
+itself, as every worker does with ``--relay off`` (and in a smaller job with ``auto``).
 
 What each role gets: ``PYTHONUNBUFFERED``; what the transport forwards from this process
 (over SSH: ``PATH``, ``MXNET_*``, ...); ps-lite's ``DMLC_*`` variables (``_env.ps_env``); the
@@ -27,7 +28,7 @@ from mxlbbsp import modes
 from mxlbbsp.core import env as _env
 
 from . import transport as _transport
-from .config import LaunchConfig
+from .config import RELAY_FROM, LaunchConfig
 from .guard import SHARE_CORES
 from .hostfile import Host, Placement, local_ranks
 from .procs import Output, RoleProcess, local_transport
@@ -86,7 +87,7 @@ class RoleBuilder:
             argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
             servers.append(self._role("server", r, host, argv, env))
         relays, relay_of = [], {}
-        if cfg.relay == "auto":
+        if cfg.relay == "on" or (cfg.relay == "auto" and cfg.num_workers >= RELAY_FROM):
             for host in self.placement.workers:
                 if per_host[host.name] >= 2 and host.name not in relay_of:
                     i = len(relays)

@@ -266,12 +266,12 @@ def test_kill_9_of_a_guard_ends_its_role_and_the_job():
 
 @pytest.mark.parametrize("what", ["relay", "guard"])
 def test_a_killed_relay_ends_the_job_naming_its_host(what):
-    """Issue 26: the host's relay (--relay auto: two workers on this host) killed with -9,
+    """Issue 26: the host's relay (--relay on: two workers on this host) killed with -9,
     itself or its guard: the job ends with one line that names it and its host, not its
     workers' lost connections, and leaves nothing behind."""
     sockets_before = set(glob.glob("/tmp/mxlbbsp-*.sock"))
-    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--", PY, SCRIPT, "--fail", "none",
-                   "--iterations", 100000, "--sleep", "0.05"])
+    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--relay", "on", "--", PY, SCRIPT,
+                   "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
     try:
         job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
         job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it

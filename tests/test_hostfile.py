@@ -170,10 +170,25 @@ def test_missing_hostfile(tmp_path):
     _one_line_exit_2(r, "no such file")
 
 
+@pytest.mark.parametrize("workers, relay, relays", [(2, None, 0), (63, None, 0), (64, None, 1),
+                                                    (2, "on", 1), (64, "off", 0)])
+def test_relay_auto_starts_relays_from_64_workers(workers, relay, relays):
+    """--relay auto (the default): below RELAY_FROM workers every worker talks to the
+    coordinator itself (the hop costs latency there: benchmarks/README.md, "Where relays
+    pay"); on and off force it either way."""
+    from mxlbbsp.launcher.config import RELAY_FROM
+    assert RELAY_FROM == 64
+    r = run_mxlbbsp("launch", "-n", workers, *(["--relay", relay] if relay else []),
+                    "--dry-run", "--", "true")
+    assert r.rc == 0, r.output
+    rows = [line.split(None, 1)[0] for line in r.stdout.splitlines()]
+    assert rows.count("relay") == relays and rows.count("worker") == workers, r.stdout
+
+
 def test_dry_run_prints_placement_and_commands_and_starts_nothing(tmp_path):
     path = write(tmp_path, "127.0.0.1 slots=1\nalice@127.0.0.2:2222 slots=2\n")
     started = tmp_path / "started"
-    r = run_mxlbbsp("launch", "-H", path, "-s", "2", "--ssh-port", "2200",
+    r = run_mxlbbsp("launch", "-H", path, "-s", "2", "--ssh-port", "2200", "--relay", "on",
                     "--ssh-option", "ConnectTimeout=3", "--env", "EXTRA=1", "--dry-run",
                     "--", "touch", started)
     assert r.rc == 0, r.output

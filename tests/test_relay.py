@@ -127,7 +127,7 @@ class RelayThread:
 @pytest.fixture
 def job(tmp_path):
     """job(n, hosts) -> (coordinator, sessions, relays): ``hosts``, workers per host (a host
-    of one worker connects directly, as the launcher's --relay auto does)."""
+    of one worker connects directly, as the launcher's --relay on does)."""
     made = []
 
     def make(n, hosts, sync="lbbsp", **kw):

@@ -164,10 +164,11 @@ def test_three_workers_in_an_allocation_end_with_the_parameters_of_one_process(c
                                                                                tmp_path):
     """No -n: one worker per task slot (3, on both nodes); LB-BSP at 1:3:1; exact."""
     r = salloc(cluster, ["-N", 2, "-n", 3, "--overcommit"], "launch",
-               "--emulate-slowdown", "1,3,1", "--metrics", tmp_path / "m.jsonl", "--",
-               PY, EXAMPLE, *TRAIN, "--save-params", tmp_path / "lbbsp.params")
+               "--emulate-slowdown", "1,3,1", "--metrics", tmp_path / "m.jsonl",
+               "--relay", "on", "--", PY, EXAMPLE, *TRAIN, "--save-params",
+               tmp_path / "lbbsp.params")
     assert r.rc == 0, r.output
-    # a node of two workers gets a relay (--relay auto)
+    # a node of two workers gets a relay (--relay on)
     assert re.search(r"started 3 worker\(s\)(, 1 relay\(s\))? and 1 server\(s\)", r.stderr), \
         r.output
     assert "[worker 0@n1] done: 46 iterations" in r.stdout, r.output    # prefixed output

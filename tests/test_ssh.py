@@ -549,7 +549,7 @@ def test_two_hosts_of_two_workers_train_through_their_relays(sshd, tmp_path, run
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=2\n127.0.0.2 slots=2\n")
     metrics = tmp_path / "m.jsonl"
-    r = run_mxlbbsp(*launch(sshd, hosts, "--metrics", metrics), "--", *TRAIN,
+    r = run_mxlbbsp(*launch(sshd, hosts, "--metrics", metrics, "--relay", "on"), "--", *TRAIN,
                     "--batch-size", "32", "--iterations", "10", "--log-interval", "0",
                     timeout=240)
     assert r.rc == 0, r.output
@@ -563,7 +563,8 @@ def test_two_hosts_of_two_workers_train_through_their_relays(sshd, tmp_path, run
     assert (tmp_path / "report" / "index.html").exists()
     assert_nothing_left(sshd, r.marker)
 
-    job = running(launch(sshd, hosts) + ["--progress", "1", "--", *TRAIN, "--epochs", "1000"])
+    job = running(launch(sshd, hosts) + ["--progress", "1", "--relay", "on", "--", *TRAIN,
+                                         "--epochs", "1000"])
     job.wait_for(r"started 4 worker\(s\), 2 relay\(s\)")
     job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]", timeout=180)
     relay = next(p for p in processes_with(job.marker)

@@ -1,7 +1,7 @@
 """A host's relay: its workers talk to it, and it talks to the coordinator in one connection.
 
-The launcher starts one per host with two or more workers (``--relay auto``), under a guard
-like every role: ``python -m mxlbbsp.relay``. It listens on a Unix socket (``MXLBBSP_RELAY``,
+The launcher starts one per host with two or more workers (``--relay on``, or ``auto`` from 64
+workers), under a guard like every role: ``python -m mxlbbsp.relay``. It listens on a Unix socket (``MXLBBSP_RELAY``,
 ``unix:PATH``), which is the ``MXLBBSP_COORDINATOR`` of the host's workers: a file, not Linux's
 abstract namespace, which is per network namespace (a worker started under ``ip netns exec``
 reaches a file too). It removes the file once all its workers have connected, or when it ends;
