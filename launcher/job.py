@@ -35,6 +35,7 @@ from mxlbbsp.core.planner import launch_clock
 from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
 from .dryrun import describe
+from .guard import remove_sockets
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, stop_all
 from .roles import RoleBuilder, Roles
@@ -259,6 +260,9 @@ class Job:
         procs = [p for p in self.procs if p.proc is not None]
         if procs:
             stop_all(procs, grace=3.0)
+        if not self.transport.remote and self.roles is not None:
+            for p in self.roles.relays:   # a relay whose guard was killed left its socket
+                remove_sockets(p.sockets)
         self.transport.cleanup()
         if self.coordinator is not None:
             self.coordinator.stop()

@@ -291,6 +291,29 @@ def test_a_killed_relay_ends_the_job_naming_its_host(what):
     assert set(glob.glob("/tmp/mxlbbsp-*.sock")) <= sockets_before     # nor its socket
 
 
+def test_a_relay_killed_before_its_workers_connected_leaves_no_socket():
+    """The relay's guard killed with -9 while the relay still waits for its workers (they
+    never connect: `sleep`): the relay dies with its guard, before it could remove its
+    socket file; the launcher removes it (a relay on this machine)."""
+    before = set(glob.glob("/tmp/mxlbbsp-*.sock"))
+    job = Running(["-n", 2, "-s", 1, "--progress", "0", "--relay", "on", "--", "sleep", "600"])
+    try:
+        job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
+        deadline = time.monotonic() + 30
+        while not set(glob.glob("/tmp/mxlbbsp-*.sock")) - before:
+            assert time.monotonic() < deadline, "the relay never listened"
+            time.sleep(0.1)
+        relay = next(p for p in processes_with(job.marker)
+                     if "mxlbbsp.relay" in " ".join(p.cmdline()))
+        relay.parent().kill()
+        rc = job.finish()
+    finally:
+        job.close()
+    assert rc == 137, job.output
+    assert wait_no_leftovers(job.marker) == []
+    assert set(glob.glob("/tmp/mxlbbsp-*.sock")) <= before
+
+
 # ---- the stall limit and its option (no processes) -------------------------------------------
 
 def test_the_automatic_stall_limit_follows_the_jobs_own_iteration_times():

@@ -5,7 +5,7 @@ workers), under a guard like every role: ``python -m mxlbbsp.relay``. It listens
 ``unix:PATH``), which is the ``MXLBBSP_COORDINATOR`` of the host's workers: a file, not Linux's
 abstract namespace, which is per network namespace (a worker started under ``ip netns exec``
 reaches a file too). It removes the file once all its workers have connected, or when it ends;
-its guard does if it was killed. The workers speak :mod:`mxlbbsp.core.protocol` with it
+its guard does if it was killed, and the launcher if both were (a relay on its machine). The workers speak :mod:`mxlbbsp.core.protocol` with it
 exactly as with the coordinator. It checks each worker's hello (the job's token, the size of
 the line) itself, opens one TCP connection to the coordinator (its own hello, then the frames
 of :mod:`mxlbbsp.core.frames`) and relays:
