@@ -99,8 +99,7 @@ class Coordinator(Inbox):
                        P.DONE: type(self._policy).on_done is not base.on_done}
         self._hellos: Dict[int, dict] = {}
         self._hosts: List[Optional[str]] = [None] * n      # rank -> its host (records)
-        self._byes: set = set()
-        self._bye_mask = np.zeros(n, dtype=bool)
+        self._byes = np.zeros(n, dtype=bool)             # per rank: it said bye
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
         self._sizes: Optional[np.ndarray] = None
         self._iteration = -1
@@ -256,14 +255,13 @@ class Coordinator(Inbox):
     # ---- messages ---------------------------------------------------------------------------
 
     def _on_bye(self, rank: int, msg: dict) -> None:
-        self._byes.add(rank)
-        self._bye_mask[rank] = True
+        self._byes[rank] = True
         last = msg.get("iteration")
         if isinstance(last, int) and not isinstance(last, bool):
             self._bye_at[rank] = last
             self._check_even()
         self._policy.on_bye(rank)
-        if len(self._byes) == self.config.num_workers:
+        if self._byes.all():
             self._flush_records(final=True)
             self.finished.set()
 
@@ -433,7 +431,7 @@ class Coordinator(Inbox):
 
     def _flush_records(self, final: bool = False) -> None:
         """Hand every complete record (all of them at the end) to the recorder's writer."""
-        self.recorder.flush(self._iteration, self.collect.last_report, self._bye_mask,
+        self.recorder.flush(self._iteration, self.collect.last_report, self._byes,
                             self._hosts, self.speed.predictor.fallbacks,
                             self._policy.record_fields, final=final)
 

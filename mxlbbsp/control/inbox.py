@@ -135,12 +135,12 @@ class Inbox:
         if rank is not None and self.links.writers.get(rank) is conn.transport:
             self._on_lost_rank(rank)
         elif relay is not None and self.failure is None \
-                and any(r not in self._byes for r in relay.ranks):
+                and not self._byes[relay.ranks_array].all():
             self._fail(f"{relay.describe()} lost its connection to the coordinator before its "
                        "workers finished", fatal_for_workers=False)
 
     def _on_lost_rank(self, rank: int) -> None:
-        if rank not in self._byes and self.failure is None:
+        if not self._byes[rank] and self.failure is None:
             self._fail(f"worker {rank} lost its connection to the coordinator before it "
                        "finished", fatal_for_workers=False)
 
