@@ -34,7 +34,12 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 
 from ._api import Option, SyncMode, available, get, register
-from .lbbsp import BatchChoosingPolicy, batch_range_problem
+from .lbbsp import (
+    BATCH_RANGE_OPTION,
+    LR_SCALING_OPTION,
+    BatchChoosingPolicy,
+    batch_range_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,13 +146,8 @@ class Courier(SyncMode):
                help="the time budget of --epochs epochs, with a unit (90s, 15m, 1h30m). The "
                     "coordinator re-chooses the global batch as the job runs: the smallest in "
                     "--batch-range predicted to meet it."),
-        Option("batch_range", "--batch-range", metavar="MIN:MAX",
-               help="the global batch sizes to choose from (default 64:1024)."),
-        Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
-               help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
-                    "none, or adascale (goodput only, its default: AdaScale's gain from "
-                    "the measured noise scale)."),
+        BATCH_RANGE_OPTION,
+        LR_SCALING_OPTION,
         Option("epochs", "--epochs", type=float, metavar="E",
                help="how many epochs of the data set --deadline covers."),
     )
@@ -168,9 +168,7 @@ class Courier(SyncMode):
             return "--sync courier needs --epochs: how many epochs the --deadline covers"
         if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
             return f"--epochs {epochs}: must be a positive number of epochs"
-        if _lr.rule_problem(opts["lr_scaling"], "courier"):
-            return _lr.rule_problem(opts["lr_scaling"], "courier")
-        return None
+        return _lr.rule_problem(opts["lr_scaling"], "courier")
 
     def check_workers(self, options: dict, num_workers: int) -> Optional[str]:
         return batch_range_problem(options.get("batch_range") or DEFAULTS["batch_range"],

@@ -62,7 +62,12 @@ from mxlbbsp.core import split as _split
 from mxlbbsp.core import timemodel as _tm
 
 from ._api import Option, SyncMode, register
-from .lbbsp import BatchChoosingPolicy, batch_range_problem
+from .lbbsp import (
+    BATCH_RANGE_OPTION,
+    LR_SCALING_OPTION,
+    BatchChoosingPolicy,
+    batch_range_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -324,13 +329,8 @@ class Goodput(SyncMode):
     grad_norms = True
     policy = GoodputPolicy
     options = (
-        Option("batch_range", "--batch-range", metavar="MIN:MAX",
-               help="the global batch sizes to choose from (default 64:1024)."),
-        Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
-               help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
-                    "global_batch_size): linear (courier's default, Goyal et al.), sqrt, "
-                    "none, or adascale (goodput only, its default: AdaScale's gain from "
-                    "the measured noise scale)."),
+        BATCH_RANGE_OPTION,
+        LR_SCALING_OPTION,
         Option("goodput_model", "--goodput-model", type=GOODPUT_MODELS,
                help="the throughput model B is chosen with: hetero (default, the LB-BSP "
                     "makespan of the workers' time models) or homo (an equal split, as a "
@@ -344,8 +344,9 @@ class Goodput(SyncMode):
             _planner.parse_batch_range(opts["batch_range"])
         except _planner.PlanError as exc:
             return str(exc)
-        if _lr.rule_problem(opts["lr_scaling"], "goodput"):
-            return _lr.rule_problem(opts["lr_scaling"], "goodput")
+        problem = _lr.rule_problem(opts["lr_scaling"], "goodput")
+        if problem:
+            return problem
         if opts["goodput_model"] not in GOODPUT_MODELS:
             return (f"--goodput-model {opts['goodput_model']!r}: choose one of "
                     f"{', '.join(GOODPUT_MODELS)}")

@@ -12,10 +12,11 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
 
-from ._api import CoordinatorPolicy, SyncMode, register
+from ._api import CoordinatorPolicy, Option, SyncMode, register
 
 
 class LBBSPPolicy(CoordinatorPolicy):
@@ -42,6 +43,17 @@ class LBBSP(SyncMode):
     help = "split B by predicted speed so that all finish together (dist_sync)"
     uses_predictor = True
     policy = LBBSPPolicy
+
+
+#: the options of every mode that chooses the global batch B(t) (courier, goodput): one
+#: declaration, which each of them lists
+BATCH_RANGE_OPTION = Option("batch_range", "--batch-range", metavar="MIN:MAX",
+                            help="the global batch sizes to choose from (default 64:1024).")
+LR_SCALING_OPTION = Option("lr_scaling", "--lr-scaling", type=_lr.RULES,
+                           help="the learning rate follows B(t)/B0 (B0: the DataLoader's "
+                                "global_batch_size): linear (courier's default, Goyal et "
+                                "al.), sqrt, none, or adascale (goodput only, its default: "
+                                "AdaScale's gain from the measured noise scale).")
 
 
 def batch_range_problem(text: str, num_workers: int) -> Optional[str]:
