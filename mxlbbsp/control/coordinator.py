@@ -102,6 +102,7 @@ class Coordinator(Inbox):
         self._byes = np.zeros(n, dtype=bool)             # per rank: it said bye
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
         self._sizes: Optional[np.ndarray] = None
+        self._measured: Optional[tuple] = None       # see `measured`
         self._iteration = -1
         self._samples = 0
         self._recent: List[tuple] = []               # (monotonic time, samples) per iteration
@@ -283,6 +284,11 @@ class Coordinator(Inbox):
         """The split in force: the per-worker batch sizes of the latest iteration planned."""
         return self._sizes
 
+    @property
+    def measured(self) -> Optional[tuple]:
+        """(batch sizes, compute seconds) per worker of the iteration being decided."""
+        return self._measured
+
     def send(self, rank: int, msg: dict) -> None:
         """One message to worker ``rank`` (dropped when it is gone)."""
         self.links.send(rank, msg)
@@ -375,6 +381,7 @@ class Coordinator(Inbox):
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
         exog = np.ascontiguousarray(columns[:, 2:])
+        self._measured = (batch, compute)
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)

@@ -76,6 +76,11 @@ class Control(Protocol):
     def current_split(self) -> Optional[np.ndarray]:
         """The split of the latest iteration planned (None before the first)."""
 
+    @property
+    def measured(self) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """(batch sizes, compute seconds) per worker, as reported, of the iteration being
+        decided (during ``plan``; None before the first)."""
+
     def send_split(self, iteration: int, split) -> None:
         """Send every worker its slice of ``split``, the split of ``iteration``."""
 

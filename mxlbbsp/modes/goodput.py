@@ -182,8 +182,6 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.noise: Optional[_noise.NoiseScale] = None
         #: each worker's fixed cost per iteration, fitted from its batches and compute times
         self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW)
-        #: iteration -> {rank: (local batch, compute seconds)}
-        self._times: Dict[int, Dict[int, tuple]] = {}
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -202,10 +200,6 @@ class GoodputPolicy(BatchChoosingPolicy):
     # ---- noise -------------------------------------------------------------------------
 
     def on_report(self, rank, msg):
-        c = msg.get("compute_s")
-        if isinstance(c, (int, float)) and math.isfinite(c) and c > 0:
-            self._times.setdefault(int(msg["iteration"]), {})[rank] = (
-                float(msg["batch_size"]), float(c))
         s = msg.get("grad_sqr")
         if isinstance(s, (int, float)) and math.isfinite(s) and s >= 0:
             t = int(msg["iteration"])
@@ -239,17 +233,14 @@ class GoodputPolicy(BatchChoosingPolicy):
 
     # ---- iterations --------------------------------------------------------------------
 
-    def _observe_times(self, t: int) -> Optional[np.ndarray]:
-        """Iteration t's batches and compute times into the fit; the batches (None when a
-        report lacked its time)."""
-        times = self._times.pop(t, {})
-        for old in [k for k in self._times if k < t - 64]:
-            del self._times[old]
-        if len(times) < self.num_workers:
+    def _observe_times(self) -> Optional[np.ndarray]:
+        """The decided iteration's batches and compute times (the coordinator's) into the
+        fit; the batches (None when a compute time is not finite)."""
+        batch, compute = self.coordinator.measured
+        if not np.isfinite(compute).all():
             return None
-        b = np.array([times[r][0] for r in range(self.num_workers)])
-        self.fit.observe(b, np.array([times[r][1] for r in range(self.num_workers)]))
-        return b
+        self.fit.observe(batch, compute)
+        return batch
 
     def plan(self, t, model, next_B, current):
         """The split of t+1 at the B the planner chose last time, sent at once; then, off
@@ -262,7 +253,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
         sizes = self._split_and_send(t, model, B, next_B, current)
         # the split goes by the split's model; the throughput, with the fixed costs
-        batches = self._observe_times(t)
+        batches = self._observe_times()
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
