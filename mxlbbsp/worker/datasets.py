@@ -58,17 +58,22 @@ def synthetic(samples: int, shape=(3, 32, 32), classes: int = 10, seed: int = 0,
     """Random images: each class has a fixed random template, and an image is its class's
     template plus ``noise`` times as much noise (at 1, learnable in a few dozen
     iterations; more noise, a harder task)."""
-    rng = np.random.default_rng(seed)
-    templates = rng.standard_normal((classes,) + tuple(shape)).astype(np.float32)
+    rng, templates = _templates(seed, classes, shape)
     return _dataset(*_noisy(rng, templates, samples, noise))
 
 
 def synthetic_test(samples: int, shape=(3, 32, 32), classes: int = 10, seed: int = 0,
                    noise: float = 1.0):
     """Held-out images of :func:`synthetic`'s classes (the same templates, other noise)."""
-    rng = np.random.default_rng(seed)
-    templates = rng.standard_normal((classes,) + tuple(shape)).astype(np.float32)
+    _, templates = _templates(seed, classes, shape)
     return _dataset(*_noisy(np.random.default_rng([seed, 1]), templates, samples, noise))
+
+
+def _templates(seed: int, classes: int, shape):
+    """The classes' templates of ``seed``, and the generator that drew them (the training
+    images draw on from it)."""
+    rng = np.random.default_rng(seed)
+    return rng, rng.standard_normal((classes,) + tuple(shape)).astype(np.float32)
 
 
 def _noisy(rng, templates: np.ndarray, samples: int, noise: float):
