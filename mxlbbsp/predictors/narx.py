@@ -126,9 +126,15 @@ def _median(x):
     """np.median over the last axis of finite values, without its Python-level overhead
     (~10x the work on a few workers' few dozen values): the same numbers."""
     k = x.shape[-1]
+    return _middle(np.partition(x, k // 2 if k % 2 else (k // 2 - 1, k // 2), axis=-1))
+
+
+def _middle(s):
+    """The median over the last axis of ``s``, whose middle elements are in place (sorted,
+    or partitioned around them)."""
+    k = s.shape[-1]
     if k % 2:
-        return np.partition(x, k // 2, axis=-1)[..., k // 2]
-    s = np.partition(x, (k // 2 - 1, k // 2), axis=-1)
+        return s[..., k // 2].copy()
     return (s[..., k // 2 - 1] + s[..., k // 2]) / 2.0
 
 
@@ -481,10 +487,7 @@ class NARX(Predictor):
                 return _median(self._dx[:, :, :k])
             window = (self._dx_count, np.sort(values, axis=1))
             self._scratch["dx_sorted"] = window
-        s = window[1].reshape(n, E, k)
-        if k % 2:
-            return s[..., k // 2].copy()
-        return (s[..., k // 2 - 1] + s[..., k // 2]) / 2.0
+        return _middle(window[1].reshape(n, E, k))
 
     def _line(self) -> None:
         """The kernel units' widths and prior lines from the memory as it is now: weighted
