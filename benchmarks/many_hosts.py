@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 import _common as C
+import _suite as S
 
 sys.path.insert(0, str(C.ROOT / "tests"))
 from sshd import Sshd, ensure_installed  # noqa: E402
@@ -67,7 +68,7 @@ def main() -> None:
                     C.PY, str(C.EXAMPLE), "--model", "mlp", "--data", "digits",
                     "--batch-size", str(4 * n), "--epochs", "1000",
                     "--iterations", str(args.iterations), "--log-interval", "0"]
-            C.progress(f"{n} workers on {args.hosts} hosts over SSH (load {_load():.1f})")
+            C.progress(f"{n} workers on {args.hosts} hosts over SSH (load {S.load():.1f})")
             started = time.monotonic()
             job = subprocess.run(argv, cwd=C.ROOT, env=C.env(), capture_output=True, text=True,
                                  timeout=args.timeout, stdin=subprocess.DEVNULL)
@@ -97,7 +98,7 @@ def main() -> None:
              f"imports on 2 cores); the iterations' pace once running: "
              f"{pace:.2f} s per iteration (median time between iterations' first records). "
              f"The launcher's last line: `{summary[1] if summary else '-'}`. Load average "
-             f"at the end: {_load():.1f}.")
+             f"at the end: {S.load():.1f}.")
     C.write("many_hosts", {"hosts": args.hosts, "per_host": args.per_host, "workers": n,
                            "iterations": args.iterations, "wall_s": wall,
                            "seconds_per_iteration": pace, "first_record": first,
@@ -127,11 +128,6 @@ def check(args, n: int, output: str, rows, report, folder: Path):
          and (folder / "index.html").exists(),
          "index.html written" if report.returncode == 0 else report.stderr[-300:]),
     ]
-
-
-def _load() -> float:
-    import os
-    return os.getloadavg()[0]
 
 
 def _pace(rows) -> float:
