@@ -168,9 +168,8 @@ def test_three_workers_in_an_allocation_end_with_the_parameters_of_one_process(c
                "--relay", "on", "--", PY, EXAMPLE, *TRAIN, "--save-params",
                tmp_path / "lbbsp.params")
     assert r.rc == 0, r.output
-    # a node of two workers gets a relay (--relay on)
-    assert re.search(r"started 3 worker\(s\)(, 1 relay\(s\))? and 1 server\(s\)", r.stderr), \
-        r.output
+    # n1, a node of two workers, gets a relay (--relay on)
+    assert "started 3 worker(s), 1 relay(s) and 1 server(s)" in r.stderr, r.output
     assert "[worker 0@n1] done: 46 iterations" in r.stdout, r.output    # prefixed output
     rows = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
     assert {(row["rank"], row["host"]) for row in rows} == {(0, "n1"), (1, "n1"), (2, "n2")}
@@ -320,7 +319,7 @@ def test_an_sbatch_script_like_the_readme_one(cluster, tmp_path):
                           stdin=subprocess.DEVNULL)
     out = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, proc.stderr + out
-    assert re.search(r"started 4 worker\(s\)(, \d relay\(s\))? and 2 server\(s\)", out), out
+    assert "started 4 worker(s) and 2 server(s)" in out, out    # no relay under 64 workers
     assert "[worker 0@n1] done: 46 iterations" in out, out
     assert wait_no_leftovers(marker) == []
     assert cluster.steps() == []
