@@ -314,15 +314,12 @@ class Coordinator(Inbox):
         once registered, else None (after an error to it)."""
         n = self.config.num_workers
         rank = msg.get("rank")
-        if not isinstance(rank, int) or not 0 <= rank < n:
-            writer.write(P.encode(P.error(f"rank {rank!r} is outside 0..{n - 1}")))
-            if relay is not None:
-                writer.close()
-            return None
-        if rank in self._hellos:
-            writer.write(P.encode(P.error(f"rank {rank} connected twice")))
-            if relay is not None:
-                writer.close()
+        refused = (f"rank {rank!r} is outside 0..{n - 1}"
+                   if not isinstance(rank, int) or not 0 <= rank < n else
+                   f"rank {rank} connected twice" if rank in self._hellos else None)
+        if refused:
+            writer.write(P.encode(P.error(refused)))
+            writer.close()          # (behind a relay: a CLOSE frame for that worker)
             return None
         self._hellos[rank] = msg
         self._hosts[rank] = msg.get("host")

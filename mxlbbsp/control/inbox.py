@@ -46,8 +46,7 @@ class Inbox:
                 if kind == P.RELAY:
                     return self._on_relay(conn, msg)
                 conn.rank = self._on_hello(msg, conn.transport)
-                if conn.rank is None:
-                    conn.transport.close()
+                if conn.rank is None:       # refused, its connection closed
                     return False
             else:
                 self._dispatch(rank, msg)
@@ -63,8 +62,6 @@ class Inbox:
                                   else "message nested too deeply")
             return False
         return True
-
-    _on_line = on_line          # the name tests and benchmarks feed lines through
 
     def on_frame(self, conn: Connection, kind: int, body: bytes) -> bool:
         """One frame of a relay; False when the connection is done with."""
