@@ -1,6 +1,7 @@
 """The coordinator with real worker sessions over loopback TCP (threads play the workers)."""
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -159,6 +160,25 @@ def test_a_connection_without_the_token_is_refused(coordinator):
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
         assert s.recv(100) == b""
     assert c.registered == 0 and c.failure is None
+
+
+@pytest.mark.parametrize("rank, said", [(7, b"rank 7 is outside 0..1"),
+                                         (0, b"rank 0 connected twice")])
+def test_a_hello_of_a_bad_rank_is_answered_and_closed(coordinator, rank, said):
+    """A worker connected directly (as behind a relay, tests/test_relay.py): the error
+    line, then its connection closed."""
+    c = coordinator(2)
+    with socket.create_connection(c.address, timeout=5) as first:
+        first.sendall(P.encode(P.hello(0, TOKEN, 1, "h", 64, 640, None)))
+        deadline = time.monotonic() + 5
+        while c.registered < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.create_connection(c.address, timeout=5) as s:
+            s.sendall(P.encode(P.hello(rank, TOKEN, 1, "h", 64, 640, None)))
+            reader = s.makefile("rb")
+            assert said in reader.readline()
+            assert reader.read() == b""            # closed
+    assert c.registered == 1
 
 
 def test_losing_a_worker_is_a_failure(coordinator):
