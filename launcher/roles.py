@@ -5,9 +5,10 @@ started.
 A host with two or more workers gets a relay (``python -m mxlbbsp.relay``) with ``--relay
 on``, and with ``--relay auto`` in a job of ``RELAY_FROM`` (64) workers or more: its workers'
 ``MXLBBSP_COORDINATOR`` is the relay's Unix socket on that host
-(``unix:/tmp/mxlbbsp-JOB-I.sock``, which the relay's guard removes when it ends), and the relay
-reaches the coordinator (``_env.relay_env``); a host of one worker has it talk to the coordinator
-itself, as every worker does with ``--relay off`` (and in a smaller job with ``auto``).
+(``unix:/tmp/mxlbbsp-JOB-I.sock``: the relay removes it once its workers have connected, its
+guard or the launcher if it was killed first), and the relay reaches the coordinator
+(``_env.relay_env``); a host of one worker has it talk to the coordinator itself, as every
+worker does with ``--relay off`` (and in a smaller job with ``auto``).
 
 What each role gets: ``PYTHONUNBUFFERED``; what the transport forwards from this process
 (over SSH: ``PATH``, ``MXNET_*``, ...); ps-lite's ``DMLC_*`` variables (``_env.ps_env``); the

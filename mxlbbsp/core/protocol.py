@@ -107,7 +107,7 @@ def parse_address(text: str) -> Address:
         return "\0" + path[1:] if path.startswith("@") else path
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"{text!r}: expected host:port (or unix:@NAME)")
+        raise ValueError(f"{text!r}: expected host:port, unix:PATH or unix:@NAME")
     return host.strip("[]"), int(port)
 
 
