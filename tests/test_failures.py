@@ -264,19 +264,28 @@ def test_kill_9_of_a_guard_ends_its_role_and_the_job():
     assert wait_no_leftovers(job.marker) == []
 
 
+def relay_sockets() -> set:
+    """The relays' socket files on this machine now (launcher/roles.py: SOCKET_DIR)."""
+    return set(glob.glob("/tmp/mxlbbsp-*.sock"))
+
+
+def relay_of(job):
+    """The job's relay process (psutil)."""
+    return next(p for p in processes_with(job.marker) if "mxlbbsp.relay" in " ".join(p.cmdline()))
+
+
 @pytest.mark.parametrize("what", ["relay", "guard"])
 def test_a_killed_relay_ends_the_job_naming_its_host(what):
     """Issue 26: the host's relay (--relay on: two workers on this host) killed with -9,
     itself or its guard: the job ends with one line that names it and its host, not its
     workers' lost connections, and leaves nothing behind."""
-    sockets_before = set(glob.glob("/tmp/mxlbbsp-*.sock"))
+    sockets_before = relay_sockets()
     job = Running(["-n", 2, "-s", 1, "--progress", "1", "--relay", "on", "--", PY, SCRIPT,
                    "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
     try:
         job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
         job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
-        relay = next(p for p in processes_with(job.marker)
-                     if "mxlbbsp.relay" in " ".join(p.cmdline()))
+        relay = relay_of(job)
         (relay if what == "relay" else relay.parent()).kill()
         rc = job.finish()
     finally:
@@ -288,30 +297,28 @@ def test_a_killed_relay_ends_the_job_naming_its_host(what):
             "the relay of localhost exited with code 137: its guard was killed (SIGKILL)")
     assert said in errors[0], job.output
     assert wait_no_leftovers(job.marker) == []
-    assert set(glob.glob("/tmp/mxlbbsp-*.sock")) <= sockets_before     # nor its socket
+    assert relay_sockets() <= sockets_before     # nor its socket
 
 
 def test_a_relay_killed_before_its_workers_connected_leaves_no_socket():
     """The relay's guard killed with -9 while the relay still waits for its workers (they
     never connect: `sleep`): the relay dies with its guard, before it could remove its
     socket file; the launcher removes it (a relay on this machine)."""
-    before = set(glob.glob("/tmp/mxlbbsp-*.sock"))
+    before = relay_sockets()
     job = Running(["-n", 2, "-s", 1, "--progress", "0", "--relay", "on", "--", "sleep", "600"])
     try:
         job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
         deadline = time.monotonic() + 30
-        while not set(glob.glob("/tmp/mxlbbsp-*.sock")) - before:
+        while not relay_sockets() - before:
             assert time.monotonic() < deadline, "the relay never listened"
             time.sleep(0.1)
-        relay = next(p for p in processes_with(job.marker)
-                     if "mxlbbsp.relay" in " ".join(p.cmdline()))
-        relay.parent().kill()
+        relay_of(job).parent().kill()
         rc = job.finish()
     finally:
         job.close()
     assert rc == 137, job.output
     assert wait_no_leftovers(job.marker) == []
-    assert set(glob.glob("/tmp/mxlbbsp-*.sock")) <= before
+    assert relay_sockets() <= before
 
 
 # ---- the stall limit and its option (no processes) -------------------------------------------
