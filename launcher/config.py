@@ -3,6 +3,9 @@
 Configuration flows one way: CLI options -> :class:`LaunchConfig` (``__post_init__`` checks
 it and raises :class:`ConfigError` with a one-line message that says what to do) -> the
 :class:`~mxlbbsp.launcher.job.Job` that runs it. The Python API builds the same dataclass.
+
+(About 430 lines: one dataclass and its checks, each a few lines that name the option and
+what to do; split, they would only be read together.)
 """
 from __future__ import annotations
 

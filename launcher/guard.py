@@ -48,7 +48,8 @@ when it runs again: the launcher names a stopped remote worker as it names a loc
 The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
 itself is killed (``kill -9``), its role dies with it, locally and over SSH.
 
-Only the standard library is imported here: the guard starts in milliseconds.
+Only the standard library is imported here: the guard starts in milliseconds. (About 400
+lines, half of them this description: one small program that runs on every host.)
 """
 import ctypes
 import json

@@ -26,7 +26,8 @@ when the coordinator's connection breaks first it closes its workers' (they stop
 lost coordinator) and exits 1 with one line. Its own CPU time is what one host pays for the
 job's control plane (benchmarks/coordinator_scale.py measures it).
 
-Stdlib and numpy only, no MXNet: it starts in a fraction of a second.
+Stdlib and numpy only, no MXNet: it starts in a fraction of a second. (About 420 lines: the
+relay, its upstream connection and its workers' connections share its pending stream.)
 """
 from __future__ import annotations
 

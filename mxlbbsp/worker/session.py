@@ -21,6 +21,8 @@ travels while the push/pull runs.
 
 No framework import here: the caller waits for MXNet's asynchronous engine before it calls
 :meth:`Session.gradients_ready` and :meth:`Session.step_done`.
+
+(About 480 lines, most of them :class:`Session`: see its docstring for why it is one class.)
 """
 from __future__ import annotations
 
