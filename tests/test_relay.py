@@ -185,9 +185,11 @@ def _raw_worker(address, rank, n, B=64):
     return sock, sock.makefile("rb")
 
 
-def _decisions(c, addresses, iterations=12):
+def _decisions(c, addresses, iterations=12, start=0, late=()):
     """Feed the same reports (compute from the batch, per rank) through ``addresses``; the
-    split of every iteration, and the records' fields the balancing decides."""
+    split of every iteration, and the records' fields the balancing decides. ``late``: ranks
+    that report 80 ms after the others every 7th iteration (their relay's section leaves
+    without them: its forecasts then travel in a frame of their own)."""
     n = len(addresses)
     socks = [None] * n
     threads = [threading.Thread(target=lambda r=r: socks.__setitem__(
@@ -201,17 +203,21 @@ def _decisions(c, addresses, iterations=12):
     for f in files[1:]:
         f.readline()
     splits = [sizes]
-    for t in range(iterations):
-        for r, (sock, _) in enumerate(socks):
-            compute = 0.001 * (1 + r) + sizes[r] * 0.0002 * (1 + (r % 3))
-            sock.sendall(P.encode(P.report(t, sizes[r], compute, 50.0, 20.0, 1.0, 64,
-                                           {"runq": float(r)})))
+    for t in range(start, start + iterations):
+        order = sorted(range(n), key=lambda r: t % 7 == 0 and r in late)
+        for r in order:
+            if t % 7 == 0 and r in late and r == order[-len(late)]:
+                time.sleep(0.08)
+            sock = socks[r][0]
+            compute = 0.001 * (1 + r) + sizes[r] * 0.0002 * (1 + (r % 3)) * (1 + (t // 15) % 2)
+            sock.sendall(P.encode(P.report(t, sizes[r], compute, 50.0 + 10 * (t % 5), 20.0, 1.0,
+                                           64, {"runq": float(r)})))
         sizes = [json.loads(f.readline())["size"] for f in files]
         splits.append(sizes)
         for sock, _ in socks:
             sock.sendall(P.encode(P.done(t, 0.001, 0.002, 0.01)))
     for sock, _ in socks:
-        sock.sendall(P.encode(P.bye(iterations - 1)))
+        sock.sendall(P.encode(P.bye(start + iterations - 1)))
         sock.close()
     assert c.finished.wait(10) and c.failure is None
     c.stop()
@@ -220,27 +226,75 @@ def _decisions(c, addresses, iterations=12):
     return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics_path)]
 
 
+def _through(hosts, config, **feed):
+    """_decisions with the workers on ``hosts`` (workers per host; one: directly)."""
+    c = Coordinator(config)
+    c.start()
+    relays, addresses = [], []
+    for h, k in enumerate(hosts):
+        if k > 1:
+            relays.append(RelayThread(c, f"host{h}", k))
+            addresses += [relays[-1].address] * k
+        else:
+            addresses.append(f"{c.address[0]}:{c.address[1]}")
+    try:
+        return _decisions(c, addresses, **feed), c, [r.relay for r in relays]
+    finally:
+        c.stop()
+        for relay in relays:
+            relay.stop()
+
+
 def test_the_same_reports_give_the_same_splits_and_records_through_relays(tmp_path):
     results = []
     for hosts in ([1] * 6, [3, 3], [4, 1, 1]):
-        c = Coordinator(CoordinatorConfig(num_workers=6, token=TOKEN,
-                                          metrics_path=str(tmp_path / f"{len(results)}.jsonl")))
-        c.start()
-        relays, addresses = [], []
-        for h, k in enumerate(hosts):
-            if k > 1:
-                relays.append(RelayThread(c, f"host{h}", k))
-                addresses += [relays[-1].address] * k
-            else:
-                addresses.append(f"{c.address[0]}:{c.address[1]}")
-        try:
-            results.append(_decisions(c, addresses))
-        finally:
-            c.stop()
-            for relay in relays:
-                relay.stop()
+        config = CoordinatorConfig(num_workers=6, token=TOKEN,
+                                   metrics_path=str(tmp_path / f"{len(results)}.jsonl"))
+        results.append(_through(hosts, config)[0])
     assert results[0][0][-1] != results[0][0][0]         # it did rebalance
     assert results[1] == results[0] and results[2] == results[0]
+
+
+def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoints(tmp_path):
+    """NARX runs in the relays (its forecasts with the reports, or in a frame of their own
+    when a worker was late); the splits, the records and the checkpoints' predictor states
+    are those of one predictor over all workers, and so are a resumed job's."""
+    runs, states = {}, {}
+    for hosts in ([1] * 6, [3, 3], [4, 1, 1]):
+        key = str(hosts)
+        folder = tmp_path / f"ckpt{len(runs)}"
+        config = CoordinatorConfig(num_workers=6, token=TOKEN, checkpoint_dir=str(folder),
+                                   checkpoint_every=10,
+                                   metrics_path=str(tmp_path / f"{len(runs)}.jsonl"))
+        runs[key], c, relays = _through(hosts, config, iterations=40, late=(2, 5))
+        states[key] = {f.name: json.loads(f.read_text()) for f in sorted(folder.iterdir())}
+        if len(hosts) > 1 and hosts != [1] * 6:
+            behind = sum(k for k in hosts if k > 1)
+            assert c.speed.remote.sum() == behind and len(c.speed.local) == 6 - behind
+            assert all(r.forecaster is not None for r in relays)
+            assert sum(r.forecasts_ahead for r in relays) > 0     # the late workers' path
+    direct = str([1] * 6)
+    assert runs[direct][0][-1] != runs[direct][0][0]     # it did rebalance
+    assert list(states[direct]) == [f"coordinator-{t:08d}.json" for t in (9, 19, 29, 39)]
+    assert states[direct]["coordinator-00000039.json"]["predictor"] is not None
+    for key in runs:
+        assert runs[key] == runs[direct], key
+        assert states[key] == states[direct], key
+    # resumed from iteration 29's checkpoint, over another placement than the one saved it
+    saved = states[str([3, 3])]["coordinator-00000029.json"]
+    resumed = {}
+    for hosts, state in (([1] * 6, saved), ([2, 4], saved), ([3, 3], saved),
+                         ("afresh", dict(saved, predictor_name=None))):
+        config = CoordinatorConfig(
+            num_workers=6, token=TOKEN,
+            resume_manifest={"iteration": 29, "global_batch_size": 64}, resume_state=state,
+            metrics_path=str(tmp_path / f"resumed{len(resumed)}.jsonl"))
+        resumed[str(hosts)] = _through([1] * 6 if hosts == "afresh" else hosts, config,
+                                       iterations=10, start=30)[0]
+    assert resumed[str([2, 4])] == resumed[direct] and resumed[str([3, 3])] == resumed[direct]
+    assert resumed["afresh"][0] != resumed[direct][0]   # the predictor's state did count
+    # from the split the checkpoint saved (iteration 30 is the restart's warm-up)
+    assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["sizes"]
 
 
 def test_a_malformed_report_through_a_relay_fails_the_job_naming_the_worker(job):

@@ -3,9 +3,10 @@
 A batch of them (:class:`~mxlbbsp.core.frames.Rows`: a relay's section, or one message of a
 worker connected directly) is checked and written into its iteration's columns at once:
 per worker its batch size, compute time and the ``--exog`` columns the predictor reads, and
-which workers have sent theirs. The coordinator learns from the columns once all n reports
-of an iteration are in, and moves on once all n dones are; nothing here is one Python
-object per worker.
+which workers have sent theirs, and the forecasts of the workers whose relays forecast them
+(the sections' ``_forecast`` and ``_fallbacks`` columns, or a FORECAST frame). The
+coordinator learns from the columns once all n reports of an iteration are in, and moves on
+once all n dones are; nothing here is one Python object per worker.
 
 No framework import.
 """
@@ -29,14 +30,14 @@ class WorkerError(P.ProtocolError):
 class _Reports:
     """Iteration t's reports so far."""
 
-    __slots__ = ("columns", "seen", "count", "samples")
+    __slots__ = ("columns", "seen", "count")
 
     def __init__(self, n: int, width: int):
-        #: per worker [batch, compute_s, the --exog columns..., next_global_batch]
+        #: per worker [batch, compute_s, the --exog columns..., _forecast, _fallbacks,
+        #: next_global_batch] (a relay's forecast and fallback count: NaN when none)
         self.columns = np.full((n, width), np.nan)
         self.seen = np.zeros(n, dtype=bool)
         self.count = 0
-        self.samples = 0
 
 
 class Collector:
@@ -47,17 +48,36 @@ class Collector:
         self.exog = tuple(exog)
         # the fields read from every report; with no --exog the predictor still gets one
         # column, of NaN (a name no report has)
-        self._keys = ("batch_size", "compute_s") + (self.exog or ("",)) + ("next_global_batch",)
+        self._keys = ("batch_size", "compute_s") + (self.exog or ("",)) \
+            + ("_forecast", "_fallbacks", "next_global_batch")
         self._reports: Dict[int, _Reports] = {}
         self._dones: Dict[int, np.ndarray] = {}
         self._samples: Dict[int, int] = {}        # iteration -> its samples (all reports)
         #: per rank, its latest report's iteration (-1: none yet)
         self.last_report = np.full(num_workers, -1, dtype=np.int64)
+        self._top = -1                            # the latest iteration any worker reported
 
-    def reports(self, rows) -> Optional[Tuple[int, Optional[int], np.ndarray]]:
+    def _iteration(self, t: int) -> _Reports:
+        it = self._reports.get(t)
+        if it is None:
+            it = self._reports[t] = _Reports(self.n, len(self._keys))
+        return it
+
+    def forecasts(self, t: int, ranks: np.ndarray, values: np.ndarray,
+                  fallbacks: np.ndarray) -> None:
+        """A relay's forecasts of iteration t+1 for ``ranks`` (a FORECAST frame): ahead of
+        the section that completes its host's reports of t (which carries its own rows'
+        forecasts too), after the sections that left before it (without)."""
+        if t in self._samples:
+            return                              # t was decided without them: too late
+        columns = self._iteration(t).columns
+        columns[ranks, -3] = values
+        columns[ranks, -2] = fallbacks
+
+    def reports(self, rows) -> Optional[Tuple[int, Optional[int], np.ndarray, tuple]]:
         """Take a batch of reports (WorkerError for a malformed one); (t, rank 0's
-        next_global_batch, the columns [batch, compute_s, the --exog columns...]) once all n
-        reports of t are in, else None."""
+        next_global_batch, the columns [batch, compute_s, the --exog columns...], the relays'
+        (forecasts, fallback counts) per rank) once all n reports of t are in, else None."""
         t, ranks = rows.iteration, rows.ranks
         if rows.kind("batch_size") != "i" or rows.kind("compute_s") not in ("f", "i"):
             self._bad(rows, t)
@@ -66,34 +86,32 @@ class Collector:
         except (ValueError, TypeError):
             self._bad_number(rows, t)
             raise
-        batch = values[0]
         low = values[:2].min(axis=1).tolist()
         if not (low[0] >= 1 and low[1] > 0):                     # NaN: not > 0
             self._bad(rows, t)
-        last = self.last_report
-        last[ranks] = np.maximum(last[ranks], t)
-        it = self._reports.get(t)
-        if it is None:
-            it = self._reports[t] = _Reports(self.n, len(self._keys))
+        if t >= self._top:                      # the usual case: no rank is past t
+            self.last_report[ranks] = self._top = t
+        else:
+            last = self.last_report
+            last[ranks] = np.maximum(last[ranks], t)
+        it = self._iteration(t)
         seen = it.seen
         if seen[ranks].any():                   # a worker's second report of t: counted once
-            fresh = ~seen[ranks]
-            it.count += int(fresh.sum())
-            it.samples += int(batch[fresh].sum())
+            it.count += int((~seen[ranks]).sum())
         else:
             it.count += len(ranks)
-            it.samples += int(batch.sum())
         seen[ranks] = True
         it.columns[ranks] = values.T
         if it.count < self.n:
             return None
         del self._reports[t]
-        self._samples[t] = it.samples
+        columns = it.columns
+        self._samples[t] = int(columns[:, 0].sum())
         for old in [k for k in self._samples if k < t - 64]:
             del self._samples[old]
-        columns = it.columns
         next_B = columns[0, -1]
-        return t, (int(next_B) if next_B == next_B else None), columns[:, :-1]
+        return (t, (int(next_B) if next_B == next_B else None), columns[:, :-3],
+                (columns[:, -3], columns[:, -2]))
 
     @staticmethod
     def _bad(rows, t: int) -> None:

@@ -99,6 +99,8 @@ class Coordinator(Inbox):
                        P.DONE: type(self._policy).on_done is not base.on_done}
         self._hellos: Dict[int, dict] = {}
         self._hosts: List[Optional[str]] = [None] * n      # rank -> its host (records)
+        #: iteration -> the relays' predictor states of it, (ranks, state) (checkpoints)
+        self._relay_states: Dict[int, list] = {}
         self._byes = np.zeros(n, dtype=bool)             # per rank: it said bye
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
         self._sizes: Optional[np.ndarray] = None
@@ -135,10 +137,10 @@ class Coordinator(Inbox):
         the speed model, the split, and the metrics records and summary's totals through the
         last finished iteration (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
-            self._iteration, self._hosts, self.speed.predictor.fallbacks,
+            self._iteration, self._hosts, self.speed.fallbacks,
             self._policy.record_fields)
         return {"iteration": self._iteration, "num_workers": self.config.num_workers,
-                **self.speed.state_dict(),
+                **self.speed.state_dict(self._relay_states.get(self._iteration)),
                 "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
                 "metrics_records": written, "totals": totals.state()}
 
@@ -336,6 +338,7 @@ class Coordinator(Inbox):
                 resumed = self._resumed_sizes
                 if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
                     self._sizes = resumed          # the split balancing had reached
+                self._hand_off_forecasts()
                 self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
         return rank
 
@@ -370,10 +373,11 @@ class Coordinator(Inbox):
         if samples is not None:
             self._finished(rows.iteration, samples)
 
-    def decide(self, t: int, next_B: Optional[int], columns: np.ndarray) -> None:
+    def decide(self, t: int, next_B: Optional[int], columns: np.ndarray,
+               forecast: Optional[tuple] = None) -> None:
         """All n reports of iteration t are in: learn from them and split t+1.
         ``columns``: per worker [batch, compute_s, the --exog columns...] (Collector);
-        ``next_B``: rank 0's next_global_batch."""
+        ``next_B``: rank 0's next_global_batch; ``forecast``: the relays' forecasts."""
         started = time.perf_counter()
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
@@ -386,7 +390,7 @@ class Coordinator(Inbox):
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)", t + 1,
                           _shown(self._sizes))
             return
-        model = self.speed.model(t, batch, compute, exog)
+        model = self.speed.model(t, batch, compute, exog, forecast)
         if next_B is None:
             return
         current = self._sizes
@@ -430,13 +434,19 @@ class Coordinator(Inbox):
             self._last_change = now
             self._recent.append((now, self._samples))
             del self._recent[:-50]
-        self._flush_records()
+        if self._loop is not None:
+            # after what was read with these dones: a relay's dones come with its next
+            # reports, and the records' writer (another thread, the same GIL) should not
+            # start while the split those reports decide is being made
+            self._loop.call_soon(self._flush_records)
+        else:
+            self._flush_records()
         self._maybe_checkpoint(t)
 
     def _flush_records(self, final: bool = False) -> None:
         """Hand every complete record (all of them at the end) to the recorder's writer."""
         self.recorder.flush(self._iteration, self.collect.last_report, self._byes,
-                            self._hosts, self.speed.predictor.fallbacks,
+                            self._hosts, self.speed.fallbacks,
                             self._policy.record_fields, final=final)
 
 

@@ -14,6 +14,7 @@ the coordinator's), kept in a room of its own. No framework import.
 """
 from __future__ import annotations
 
+import json
 import time
 
 from mxlbbsp import modes as _modes
@@ -26,6 +27,10 @@ from mxlbbsp.core import protocol as P
 #: in a mode with a barrier per iteration (where the coordinator waits for every worker
 #: anyway); 0 in the others (a relay then sends what it has read at once)
 RELAY_HOLD_S = 0.05
+#: how long a relay may hold back a complete section of dones, in a mode with a barrier and
+#: nothing that waits for dones (they go with the host's next reports, in one write: the
+#: coordinator handles one write per host per iteration, not two); 0 in the others
+RELAY_DONE_HOLD_S = 1.0
 
 
 class Inbox:
@@ -73,6 +78,13 @@ class Inbox:
                 if not relay.serves(rows.ranks):
                     raise F.FrameError("a section of workers it does not serve")
                 self._on_rows(rows)
+            elif kind == F.FORECAST:
+                t, ranks, values, fallbacks = F.read_forecast(body)
+                if not relay.serves(ranks):
+                    raise F.FrameError("forecasts of workers it does not serve")
+                self.collect.forecasts(t, ranks, values, fallbacks)
+            elif kind == F.STATE:
+                self._on_state(relay, body)
             elif kind in (F.FORWARD, F.LOST):
                 rank, line = F.split_rank(body)
                 registered = self.links.writers.get(rank)
@@ -110,9 +122,43 @@ class Inbox:
         if not isinstance(host, str) or type(workers) is not int or workers < 1:
             raise P.ProtocolError("a relay's hello needs its host and its number of workers")
         conn.relay = self.links.add_relay(conn, host, workers)
-        hold = RELAY_HOLD_S if _modes.get(self.config.sync).barrier else 0.0
-        conn.transport.write(F.frame(F.CONFIG, P.encode({"hold_s": hold})))
+        barrier = _modes.get(self.config.sync).barrier
+        hold = RELAY_HOLD_S if barrier else 0.0
+        done_hold = RELAY_DONE_HOLD_S if barrier and not self._hooks[P.DONE] else 0.0
+        conn.transport.write(F.frame(F.CONFIG, P.encode({"hold_s": hold,
+                                                         "done_hold_s": done_hold})))
         return True
+
+    def _hand_off_forecasts(self) -> None:
+        """Every worker has said hello: with a separable predictor, each relay forecasts its
+        own workers from now on (its CONFIG's ``forecast``; the part of a checkpoint's
+        predictor state that is theirs, when the job resumed)."""
+        relays = [relay for relay in self.links.relays if relay.ranks]
+        speed, cfg = self.speed, self.config
+        if not relays or not cfg.relay_forecasts or not speed.separable():
+            return
+        full = speed.hand_off(self.links.owner >= 0)
+        every = cfg.checkpoint_every if cfg.checkpoint_dir else 0
+        for relay in relays:
+            ranks = relay.ranks_array
+            forecast = {"predictor": speed.predictor_name, "exog": list(cfg.exog),
+                        "from": self._start + cfg.warmup, "ranks": ranks.tolist(),
+                        "state_every": every,
+                        "state": None if full is None else speed.part_of(full, ranks)}
+            # a predictor's state may hold NaN: plain JSON, not the protocol's lines
+            relay.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": forecast}).encode()))
+
+    def _on_state(self, relay, body: bytes) -> None:
+        """A relay's predictor state after an iteration the coordinator checkpoints."""
+        msg = json.loads(body)
+        t, ranks = msg.get("iteration"), msg.get("ranks")
+        if type(t) is not int or not isinstance(ranks, list) or not isinstance(
+                msg.get("state"), dict) or ranks != relay.ranks_array.tolist():
+            raise F.FrameError("a STATE frame without its iteration, ranks and state")
+        states = self._relay_states.setdefault(t, [])
+        states.append((ranks, msg["state"]))
+        for old in [k for k in self._relay_states if k < t - 2 * max(self.config.checkpoint_every, 1)]:
+            del self._relay_states[old]
 
     def _dispatch(self, rank: int, msg: dict) -> None:
         """A registered worker's message (directly or through its relay)."""

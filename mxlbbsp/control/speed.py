@@ -10,7 +10,13 @@ gives the :class:`~mxlbbsp.core.timemodel.TimeModel` the mode splits the next ba
   split).
 
 The fit and the regime are updated before the split (they decide it); the predictor's
-training step (``learn``) comes after the allocation is sent. No framework import.
+training step (``learn``) comes after the allocation is sent.
+
+With a separable predictor, the workers behind relays are forecast by their relays
+(:mod:`mxlbbsp.relay.forecast`, :meth:`SpeedModel.hand_off`): the predictor here then runs
+over the other workers only, the relays' forecasts come with the reports, and a checkpoint
+joins the relays' states with this one into the state of one predictor over all workers, as
+without relays. No framework import.
 """
 from __future__ import annotations
 
@@ -210,10 +216,51 @@ class SpeedModel:
         self.predictor = _pred.create(self.predictor_name, self.n, self.num_exog, **options)
         self.fit = _tm.AffineFit(self.n)
         self.regime = AutoRegime(self.n)                 # --time-model auto
+        self.loaded = False                  # the predictor's state came from a checkpoint
+        #: per rank, whether its relay forecasts it (None: every forecast is made here)
+        self.remote: Optional[np.ndarray] = None
+        self.local = np.arange(self.n)       # the ranks the predictor here forecasts
+        self._remote_fallbacks = np.zeros(self.n, dtype=np.int64)
+
+    def separable(self) -> bool:
+        """Whether relays may forecast their workers: a separable predictor fed the plain
+        speeds (not ``affine``'s marginal ones, which need the pooled fixed cost)."""
+        cls = _pred.predictor_class(self.predictor_name)
+        return cls.separable and self.kind != "affine" \
+            and not getattr(cls, "needs_schedules", False) and not hasattr(cls, "advance")
+
+    def hand_off(self, remote: np.ndarray) -> Optional[dict]:
+        """From now on the relays forecast the ranks of ``remote`` (bool per rank), and the
+        predictor here the others; the predictor's state over all workers before the hand-off
+        when it came from a checkpoint (the relays get their part of it), else None."""
+        full = self.predictor.state_dict() if self.loaded else None
+        self.remote = np.asarray(remote, dtype=bool)
+        self.local = np.flatnonzero(~self.remote)
+        self.predictor = _pred.create(self.predictor_name, len(self.local), self.num_exog) \
+            if len(self.local) else None
+        if full is not None and self.predictor is not None:
+            self.predictor.load_state_dict(self.part_of(full, self.local))
+        return full
+
+    def part_of(self, state: dict, ranks) -> dict:
+        """Ranks ``ranks``'s part of a state of the predictor over all workers."""
+        return _pred.state_of_workers(self.predictor_name, self.num_exog, state, ranks)
+
+    @property
+    def fallbacks(self) -> np.ndarray:
+        """Per rank, how many of its forecasts fell back to a simpler rule (the relays'
+        counts as their latest forecasts said)."""
+        if self.remote is None:
+            return self.predictor.fallbacks
+        out = self._remote_fallbacks.copy()
+        if self.predictor is not None:
+            out[self.local] = self.predictor.fallbacks
+        return out
 
     def model(self, t: int, batch: np.ndarray, compute: np.ndarray,
-              exog: np.ndarray) -> _tm.TimeModel:
-        """Learn iteration ``t``'s observations; the time model of iteration t+1."""
+              exog: np.ndarray, forecast: Optional[tuple] = None) -> _tm.TimeModel:
+        """Learn iteration ``t``'s observations; the time model of iteration t+1.
+        ``forecast``: the relays' (forecasts, fallback counts) per rank (NaN, -1: none)."""
         kind = self.kind
         if kind != "linear":
             self.fit.observe(batch, compute)
@@ -223,6 +270,23 @@ class SpeedModel:
             log.debug("iteration %d: time model: %s (fitted fixed share of the time %.0f%%)",
                       t + 1, self.regime.describe(), 100 * self.fit.job_share)
         predictor = self.predictor
+        if self.remote is not None:
+            # the relays' forecasts for their workers, this predictor's for the others
+            # (never ``affine``: the speeds are the plain ones, as in the relays)
+            speed = batch / compute
+            forecasts, counts = forecast if forecast is not None else (np.full(self.n, np.nan),
+                                                                       np.full(self.n, np.nan))
+            np.copyto(self._remote_fallbacks, counts, casting="unsafe", where=counts >= 0)
+            local = self.local
+            if predictor is not None:
+                predictor.observe(speed[local], exog[local])
+            if equal:
+                return self._equal_model(batch, compute)
+            marginal = np.array(forecasts, dtype=float)
+            if predictor is not None:
+                marginal[local] = predictor.predict()
+            bad = ~(np.isfinite(marginal) & (marginal > 0))
+            return _tm.TimeModel(np.where(bad, speed, marginal), np.zeros(self.n))
         if equal:
             # the predictor still observes (whole-time speeds): no gaps in its lags
             if hasattr(predictor, "advance"):
@@ -241,10 +305,25 @@ class SpeedModel:
         marginal = np.where(bad, batch / (compute - fixed), marginal)
         return _tm.TimeModel(marginal, fixed)
 
-    def state_dict(self) -> dict:
-        """The predictor's, the fit's and the regime's state (JSON-serialisable)."""
-        return {"predictor_name": self.predictor_name,
-                "predictor": self.predictor.state_dict(), "fit": object_state(self.fit),
+    def state_dict(self, relays: Optional[list] = None) -> dict:
+        """The predictor's, the fit's and the regime's state (JSON-serialisable). After a
+        hand-off, ``relays``: their predictors' (ranks, state) of the same iteration, joined
+        with the one here; without every one of them the predictor's state is left out (a
+        job resumed from it learns afresh)."""
+        if self.remote is None:
+            predictor = self.predictor.state_dict()
+        else:
+            parts = list(relays or [])
+            if self.predictor is not None:
+                parts.append((self.local, self.predictor.state_dict()))
+            try:
+                predictor = _pred.join_states(self.predictor_name, self.num_exog, self.n, parts)
+            except ValueError:
+                log.warning("the checkpoint leaves the predictor's state out: a relay's part of "
+                            "it did not come; a job resumed from it learns the speeds afresh")
+                predictor = None
+        return {"predictor_name": self.predictor_name if predictor is not None else None,
+                "predictor": predictor, "fit": object_state(self.fit),
                 "regime": object_state(self.regime)}
 
     def load_state_dict(self, state: dict) -> bool:
@@ -254,6 +333,7 @@ class SpeedModel:
         try:
             if state.get("predictor_name") == self.predictor_name:
                 self.predictor.load_state_dict(state["predictor"])
+                self.loaded = True
             load_object_state(self.fit, state["fit"])
             if state.get("regime"):
                 load_object_state(self.regime, state["regime"])
@@ -267,7 +347,8 @@ class SpeedModel:
     def learn(self) -> None:
         """The predictor's training step: after the allocation is sent (off the critical
         path)."""
-        self.predictor.learn()
+        if self.predictor is not None:
+            self.predictor.learn()
 
     def _equal_model(self, batch, compute) -> _tm.TimeModel:
         """``auto`` while the fixed cost dominates (tiny models) and no worker is clearly

@@ -13,9 +13,18 @@ relay -> coordinator
     FORWARD  <i4 rank> + one JSON message of that worker as it sent it (hello, log, bye, a
              mode's own such as r2sp's request): the coordinator reads it as from the worker
     LOST     <i4 rank>: that worker's connection to the relay closed
+    FORECAST <q iteration, q count> + count int64 ranks, float64 forecasts and int64
+             fallback counts: the relay's predictor's forecasts of these workers' speeds at
+             iteration + 1 (when a section of reports left before the last of the host's
+             reports of the iteration came; else they are its ``_forecast`` and
+             ``_fallbacks`` columns), always ahead of the reports in the same write
+    STATE    a JSON object: ``iteration``, ``ranks`` and the relay's predictor's ``state``
+             after it learnt that iteration (at the coordinator's checkpoints)
 coordinator -> relay
     CONFIG   a JSON object: ``hold_s``, how long the relay may hold a section back waiting
-             for the rest of its workers (0: flush once the messages at hand are read)
+             for the rest of its workers (0: flush once the messages at hand are read); once
+             every worker has said hello, ``forecast``: the predictor the relay runs over its
+             workers, and from which iteration (see :mod:`mxlbbsp.relay.forecast`)
     TO_RANK  <i4 rank> + one JSON line, for that worker
     TO_ALL   one JSON line, for every worker of the relay
     SLICES   <q iteration, q total, q count> + count int64 ranks, offsets and sizes: the
@@ -49,10 +58,11 @@ HEADER = struct.Struct("<B3xI")
 _ROWS_HEAD = struct.Struct("<BxHIqI4x")
 _RANK = struct.Struct("<i")
 _SLICES_HEAD = struct.Struct("<qqq")
+_FORECAST_HEAD = struct.Struct("<qq")
 #: the longest frame read (a section of ~10 000 workers' reports)
 MAX_FRAME = 1 << 24
 
-ROWS, FORWARD, LOST = 1, 2, 3
+ROWS, FORWARD, LOST, FORECAST, STATE = 1, 2, 3, 4, 5
 CONFIG, TO_RANK, TO_ALL, SLICES, CLOSE = 11, 12, 13, 14, 15
 #: the message types a relay sends as ROWS (what: their index)
 BATCHED = (P.REPORT, P.DONE)
@@ -112,6 +122,26 @@ def alloc_lines(body) -> List[Tuple[int, bytes]]:
     data = np.frombuffer(body, "<i8", 3 * count, 24).reshape(3, count).tolist()
     line = P.alloc_line
     return [(r, line(iteration, o, s, total)) for r, o, s in zip(*data)]
+
+
+def forecast_frame(iteration: int, ranks, forecasts, fallbacks) -> bytes:
+    body = b"".join((_FORECAST_HEAD.pack(iteration, len(ranks)),
+                     np.ascontiguousarray(ranks, "<i8").tobytes(),
+                     np.ascontiguousarray(forecasts, "<f8").tobytes(),
+                     np.ascontiguousarray(fallbacks, "<i8").tobytes()))
+    return frame(FORECAST, body)
+
+
+def read_forecast(body) -> Tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(iteration, ranks, forecasts, fallback counts) of a FORECAST frame."""
+    if len(body) < _FORECAST_HEAD.size:
+        raise FrameError("a FORECAST frame of the wrong length")
+    iteration, count = _FORECAST_HEAD.unpack_from(body)
+    if count < 0 or len(body) != 16 + 24 * count:
+        raise FrameError("a FORECAST frame of the wrong length")
+    return (iteration, np.frombuffer(body, "<i8", count, 16),
+            np.frombuffer(body, "<f8", count, 16 + 8 * count),
+            np.frombuffer(body, "<i8", count, 16 + 16 * count))
 
 
 def _kind(value) -> str:

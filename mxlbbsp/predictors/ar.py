@@ -42,6 +42,8 @@ WINDOW = 48
 class AR(Predictor):
     """Online AR(p) per worker, recursive least squares (see the module docstring)."""
 
+    separable = True
+
     def __init__(self, num_workers: int, num_exog: int = 2, *, p: int = P_ORDER,
                  lam: float = LAMBDA, warmup: int = WARMUP, window: int = WINDOW):
         super().__init__(num_workers, num_exog)

@@ -184,6 +184,8 @@ class NARX(Predictor):
     predictor's figures are accepted as they stand (benchmarks/README.md, Predictors).
     """
 
+    separable = True
+
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
                  knots=KNOTS, sharpness: float = SHARPNESS, bandwidth: float = BANDWIDTH,
                  memory: int = MEMORY, recency: float = RECENCY, linear_x: bool = LINEAR_X, lam: float = LAMBDA, delta: float = DELTA,

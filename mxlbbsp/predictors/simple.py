@@ -10,6 +10,8 @@ from ._api import Predictor, register
 class LastValue(Predictor):
     """speed(t+1) = speed(t)."""
 
+    separable = True
+
     def __init__(self, num_workers: int, num_exog: int = 2):
         super().__init__(num_workers, num_exog)
         self._last = np.full(self.num_workers, np.nan)
@@ -25,6 +27,8 @@ class LastValue(Predictor):
 @register("ema")
 class EMA(Predictor):
     """speed(t+1) = alpha * speed(t) + (1 - alpha) * forecast(t); the first one is speed(0)."""
+
+    separable = True
 
     def __init__(self, num_workers: int, num_exog: int = 2, alpha: float = 0.5):
         super().__init__(num_workers, num_exog)

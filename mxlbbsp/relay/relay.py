@@ -14,12 +14,19 @@ of :mod:`mxlbbsp.core.frames`) and relays:
   leaves as one ROWS frame, a column per field, once every worker of the host has sent its
   message of that type and iteration, or after ``hold_s`` (the coordinator's CONFIG: 50 ms
   in a mode with a barrier per iteration, where the coordinator waits for every worker
-  anyway; 0 elsewhere: what was read at once leaves at once); any other message (hello,
+  anyway; 0 elsewhere: what was read at once leaves at once), a complete section of dones
+  after ``done_hold_s`` (1 s in lbbsp and bsp, where nothing waits for the dones: they
+  leave with the host's next reports, in one write, and the coordinator wakes up once per
+  iteration for the host, not twice; 0 elsewhere); any other message (hello,
   log, bye, a mode's own) leaves as a FORWARD frame with the worker's rank, and a closed
   connection as LOST. Each worker's messages reach the coordinator in the order it sent
   them: a message joins an open section only if that worker has nothing later pending;
 * down: an ``alloc`` line for each of its workers from one SLICES frame, the frames for one
   worker (TO_RANK) or all (TO_ALL) as they come, and CLOSE.
+
+When the job's predictor is separable, the coordinator hands the forecasts of this host's
+workers to the relay (:mod:`.forecast`): their forecasts leave with the host's last report
+of each iteration, and the predictor learns after the write.
 
 It ends (exit 0) once every worker of the host has registered and closed its connection;
 when the coordinator's connection breaks first it closes its workers' (they stop as with a
@@ -43,6 +50,7 @@ from typing import Dict, List, Optional
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
+from mxlbbsp.relay.forecast import Forecaster
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,9 @@ class Relay:
         self.listen, self.upstream, self.token = listen, upstream, token
         self.host, self.expected = host, int(workers)
         self.hold_s = 0.0                    # until the coordinator's CONFIG says otherwise
+        self.done_hold_s = 0.0
+        self.forecaster: Optional[Forecaster] = None   # the CONFIG's, when it sends one
+        self._ahead: List[bytes] = []        # FORECAST frames: ahead of the pending stream
         self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
         self.active: set = set()             # registered ranks that have not said bye
         self.registered = 0                  # workers that ever registered here
@@ -84,12 +95,14 @@ class Relay:
         self._last_of: Dict[int, int] = {}   # rank -> index of its latest pending item
         self._seen: Dict[tuple, set] = {}    # (type, iteration) -> ranks that sent it
         self._timer: Optional[asyncio.Handle] = None
+        self._timer_at = 0.0                 # when it flushes (the loop's clock)
         self._server = None
         self._done: Optional[asyncio.Future] = None
         self._up_closed: Optional[asyncio.Future] = None
         self.frames_up = 0                   # statistics (tests, benchmarks)
         self.sections_up = 0                 # sections sent (reports or dones of a t)
         self.messages_up = 0                 # reports and dones in them
+        self.forecasts_ahead = 0             # FORECAST frames sent (a section left early)
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -170,7 +183,12 @@ class Relay:
             for link in self.workers.values():
                 link.transport.write(line)
         elif kind == F.CONFIG:
-            self.hold_s = float(json.loads(body).get("hold_s", 0.0))
+            config = json.loads(body)
+            if "hold_s" in config:
+                self.hold_s = float(config["hold_s"])
+                self.done_hold_s = float(config.get("done_hold_s", 0.0))
+            if config.get("forecast"):
+                self.forecaster = Forecaster(config["forecast"])
         else:
             raise F.FrameError(f"a frame of unknown kind {kind}")
 
@@ -238,12 +256,39 @@ class Relay:
         section.rows.append((rank, msg, time.monotonic()))
         section.ranks.add(rank)
         self._last_of[rank] = section.index
+        if self.forecaster is not None and key[0] == P.REPORT:
+            self._forecast(rank, msg, section)
         seen = self._seen.setdefault(key, set())
         seen.add(rank)
-        if len(seen) >= len(self.active):
-            self.flush()
+        if len(seen) < len(self.active):
+            self._arm(self.hold_s)
+        elif key[0] == P.DONE and self.done_hold_s > 0:
+            self._hold_dones()                  # with the next reports
         else:
-            self._arm()
+            self.flush()
+
+    def _forecast(self, rank: int, msg: dict, section: _Section) -> None:
+        """The forecasts of the host's workers once its last report of an iteration is in:
+        columns of the section when it holds all of them, else a FORECAST frame that leaves
+        ahead of it; the predictor learns after the write."""
+        forecaster = self.forecaster
+        got = forecaster.report(rank, msg)
+        if forecaster.latest == msg["iteration"]:
+            asyncio.get_running_loop().call_soon(self._learn)
+        if got is None:
+            return
+        t, forecasts, fallbacks = got
+        slot, values, counts = forecaster.slot, forecasts.tolist(), fallbacks.tolist()
+        for r, m, _ in section.rows:
+            m["_forecast"], m["_fallbacks"] = values[slot[r]], counts[slot[r]]
+        if len(section.ranks) < len(forecaster.ranks):      # the others' left before
+            self._ahead.append(F.forecast_frame(t, forecaster.ranks, forecasts, fallbacks))
+            self.forecasts_ahead += 1
+
+    def _learn(self) -> None:
+        state = self.forecaster.learn()
+        if state is not None:               # NaN in a fresh state: plain JSON, not the line's
+            self._send([F.frame(F.STATE, json.dumps(state).encode())])
 
     def _forward(self, rank: int, data: bytes) -> None:
         if not self._pending:           # nothing to keep in order with: at once
@@ -251,17 +296,37 @@ class Relay:
             return
         self._last_of[rank] = len(self._pending)
         self._pending.append(data)
-        self._arm()
+        self._arm(self.hold_s)
 
     def _check_complete(self) -> None:
         if any(len(self._seen.get(key, ())) >= len(self.active) for key in self._open):
             self.flush()
 
-    def _arm(self) -> None:
-        if self._timer is None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.hold_s, self.flush) if self.hold_s > 0 \
-                else loop.call_soon(self.flush)
+    def _hold_dones(self) -> None:
+        """A section of dones is complete: when nothing else pending is waited for (the
+        host's workers' dones came before any of their next reports), everything pending
+        may wait ``done_hold_s``, else it leaves as it would have."""
+        active = len(self.active)
+        if any(isinstance(item, bytes) or item.key[0] != P.DONE
+               or len(self._seen.get(item.key, ())) < active for item in self._pending):
+            self._arm(self.hold_s)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._arm(self.done_hold_s)
+
+    def _arm(self, delay: float) -> None:
+        """Flush within ``delay`` seconds (at once: 0), or sooner if already due."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = loop.call_later(delay, self.flush) if delay > 0 \
+            else loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Everything pending to the coordinator, in order, in one write."""
@@ -271,7 +336,7 @@ class Relay:
         if not self._pending:
             return
         now = time.monotonic()
-        out = []
+        out, self._ahead = self._ahead, []
         for item in self._pending:
             if isinstance(item, bytes):
                 out.append(item)
