@@ -10,7 +10,10 @@ parallel; here they take turns on one core. So this process also measures, per i
 * its CPU time (``time.process_time``; over n/k relays: divided by n/k, what one host pays);
 * when each relay sent its section of reports of iteration t, and when it got the SLICES
   frame of t + 1: the coordinator's share of the latency, relay to relay (what a cluster
-  pays on top of its hosts' own hops, whatever the number of hosts).
+  pays on top of its hosts' own hops, whatever the number of hosts);
+* how long the relay whose section left last took from its host's last report read to the
+  section written (its forecasts of its workers included): the host's own share of the
+  path, which on a cluster each host pays in parallel.
 """
 from __future__ import annotations
 
@@ -35,6 +38,14 @@ class TimedRelay(Relay):
         self.sent: Dict[int, float] = {}      # iteration -> its reports' section left
         self.got: Dict[int, float] = {}       # iteration -> its SLICES frame came
         self.cpu: List[Tuple[int, float]] = []   # (iteration of a SLICES frame, CPU s)
+        self.path: Dict[int, float] = {}      # iteration -> last report read to section out
+
+    def _add(self, rank, msg) -> None:
+        start = time.perf_counter()
+        super()._add(rank, msg)
+        t = msg.get("iteration")
+        if msg.get("type") == "report" and self.sent.get(t, 0.0) >= start:
+            self.path[t] = self.sent[t] - start
 
     def flush(self) -> None:
         reports = [item.key[1] for item in self._pending
@@ -93,6 +104,7 @@ async def _relays(upstream, token, hosts, conn) -> dict:
     conn.send(("ready", None))
     codes = await asyncio.gather(*tasks)
     return {"codes": codes, "sent": [r.sent for r in relays], "got": [r.got for r in relays],
+            "path": [r.path for r in relays],
             "cpu": relays[0].cpu, "frames_up": sum(r.frames_up for r in relays),
             "sections_up": sum(r.sections_up for r in relays),
             "messages_up": sum(r.messages_up for r in relays)}
@@ -100,19 +112,23 @@ async def _relays(upstream, token, hosts, conn) -> dict:
 
 def summary(stats: dict, iterations: int, skip: int, hosts: int) -> dict:
     """Relay to relay latency per iteration (ms) and the relays' CPU per iteration."""
-    latency = []
+    latency, path = [], []
     for t in range(skip, iterations):
         sent = [s.get(t) for s in stats["sent"]]
         got = [g.get(t + 1) for g in stats["got"]]
         if None in sent or None in got:
             continue
         latency.append(1000 * (max(got) - max(sent)))
+        last = stats["path"][int(np.argmax(sent))].get(t)
+        if last is not None:
+            path.append(1000 * last)
     cpu = np.array([c for t, c in stats["cpu"] if t > skip])
     its = np.array([t for t, c in stats["cpu"] if t > skip])
     per_iteration = float("nan")
     if len(its) >= 2 and its[-1] > its[0]:
         per_iteration = 1000 * (cpu[-1] - cpu[0]) / (its[-1] - its[0])
-    return {"relay_latency_ms": latency, "relays_cpu_ms_per_iteration": per_iteration,
+    return {"relay_latency_ms": latency, "relay_path_ms": path,
+            "relays_cpu_ms_per_iteration": per_iteration,
             "relay_cpu_ms_per_iteration": per_iteration / hosts,
             "sections_per_iteration": stats["sections_up"] / max(iterations, 1),
             "messages_per_section": stats["messages_up"] / max(stats["sections_up"], 1)}

@@ -407,6 +407,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
     if relay_stats is not None:
         hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts))
         out["relay_latency_ms"] = _stats(hosted.pop("relay_latency_ms"))
+        out["relay_path_ms"] = _stats(hosted.pop("relay_path_ms"))
         out.update(hosted)
     if spent is not None:
         out["breakdown_ms"] = _breakdown(spent, iterations, skip)
@@ -554,9 +555,12 @@ def main():
                 "this tree": lambda n, a: measure(n, iters, arrival=a,
                                                   compute_ms=args.compute_ms,
                                                   per_host=args.per_host),
-                args.baseline: lambda n, a: in_tree(tree, n, a, iters, args.compute_ms)}
+                args.baseline: lambda n, a: in_tree(tree, n, a, iters, args.compute_ms,
+                                                     args.per_host)}
             side_by_side(variants, sizes, arrivals, iters, args.rounds,
-                         f"coordinator_scale_baseline_{args.baseline}", "code",
+                         f"coordinator_scale_baseline_{args.baseline}"
+                         + (f"_per_host_{args.per_host}" if args.per_host != PER_HOST else ""),
+                         "code",
                          wait=not args.quick)
         return
     name = "coordinator_scale" + ("_quick" if args.quick else "")
@@ -665,9 +669,10 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what,
                     C.progress(f"  p99 {res['latency_ms']['p99']:.2f} ms")
     rows = [f"| workers, arrival | {what} | allocation latency p99 per round | median of "
             "the rounds' p99 | median of the rounds' medians | relay to relay: median of the "
-            "rounds' p99 | server-side median | coordinator CPU per iteration | its metrics "
+            "rounds' p99 | server-side median / p99 | the last relay's own path median / p99 | "
+            "coordinator CPU per iteration | its metrics "
             "writer's CPU per iteration | relays' CPU per iteration (per relay) | final split "
-            "as the other's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "as the other's |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, per in runs.items():
         splits = {label: [tuple(x["final_sizes"]) for x in rs] for label, rs in per.items()}
         for label, rs in per.items():
@@ -679,7 +684,9 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what,
                         f"**{np.median(p99):.2f} ms** | "
                         f"{np.median([x['latency_ms']['median'] for x in rs]):.2f} ms | "
                         f"{_relay_latency(rs)} | "
-                        f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} ms | "
+                        f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} / "
+                        f"**{np.median([x['server_alloc_ms']['p99'] for x in rs]):.2f} ms** | "
+                        f"{_relay_path(rs)} | "
                         f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms | "
                         f"{_writer_cpu(rs)} | {_relay_cpu(rs)} | {same} |")
     table = (f"The runs of `coordinator_scale.py` (pinned, {iters} iterations, first 5 left "
@@ -702,6 +709,16 @@ def _relay_latency(rs) -> str:
             f"**{np.median([x['p99'] for x in xs]):.2f} ms**")
 
 
+def _relay_path(rs) -> str:
+    """The last relay's own path (its host's last report read to its section written):
+    median / median of the p99 ('-': no relays, or code that does not time it)."""
+    xs = [x["relay_path_ms"] for x in rs if x.get("relay_path_ms")]
+    if not xs:
+        return "-"
+    return (f"{np.median([x['median'] for x in xs]):.2f} / "
+            f"{np.median([x['p99'] for x in xs]):.2f} ms")
+
+
 def _relay_cpu(rs) -> str:
     """The relays' CPU per iteration, all of them (per relay); '-': no relays."""
     xs = [(x["relays_cpu_ms_per_iteration"], x["relay_cpu_ms_per_iteration"]) for x in rs
@@ -719,12 +736,16 @@ def _writer_cpu(rs) -> str:
     return f"{np.median(xs):.2f} ms" if xs else "-"
 
 
-def in_tree(tree, n: int, arrival: str, iters: int, compute_ms: float) -> dict:
+def in_tree(tree, n: int, arrival: str, iters: int, compute_ms: float,
+            per_host: int = PER_HOST) -> dict:
     """One pinned run of ``tree``'s own coordinator_scale.py (its code: another commit's),
-    read back from the results it writes in that tree."""
-    subprocess.run([sys.executable, str(tree / "benchmarks" / "coordinator_scale.py"),
+    read back from the results it writes in that tree; ``per_host`` passed on when its
+    script has --per-host (older ones connect every worker directly)."""
+    script = tree / "benchmarks" / "coordinator_scale.py"
+    hosts = ["--per-host", str(per_host)] if "--per-host" in script.read_text() else []
+    subprocess.run([sys.executable, str(script),
                     "--quick", "--iterations", str(iters), "--sizes", str(n), "--arrivals",
-                    arrival, "--shared-sizes", "", "--compute-ms", str(compute_ms)],
+                    arrival, "--shared-sizes", "", "--compute-ms", str(compute_ms), *hosts],
                    cwd=tree, check=True, capture_output=True)
     out = json.loads((tree / "benchmarks" / "results" / "coordinator_scale_quick.json")
                      .read_text())

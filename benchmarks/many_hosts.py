@@ -9,7 +9,8 @@ and each host's workers reach their relay through its Unix socket. The model is 
 MLP on sklearn's digits, global batch 4 per worker) so that 64 MXNet processes fit on 2
 cores; what it shows is that the path works at this size, not speed.
 
-Checked: the job ends with exit 0; the launcher started H relays; the metrics file holds one
+Checked: the job ends with exit 0; the launcher started H relays, which forecast their
+workers' speeds (the coordinator's ``-v`` line); the metrics file holds one
 record per worker per iteration, with each worker's host; ``mxlbbsp report`` reads it and
 writes its report. Recorded: the wall time, the time to the first iteration, the
 iterations' pace, and the coordinator's summary.
@@ -64,7 +65,7 @@ def main() -> None:
             marker = uuid.uuid4().hex
             argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-H", str(hostfile),
                     *sshd.launch_options(), "--env", f"MXLBBSP_TEST_MARK={marker}",
-                    "--metrics", str(metrics), "--progress", "10", "--relay", "on", "--",
+                    "--metrics", str(metrics), "--progress", "10", "--relay", "on", "-v", "--",
                     C.PY, str(C.EXAMPLE), "--model", "mlp", "--data", "digits",
                     "--batch-size", str(4 * n), "--epochs", "1000",
                     "--iterations", str(args.iterations), "--log-interval", "0"]
@@ -116,10 +117,14 @@ def check(args, n: int, output: str, rows, report, folder: Path):
     whole = [t for t, ranks in per_iteration.items() if ranks == set(range(n))]
     hosts = {r["host"] for r in rows}
     relays = re.search(r"started (\d+) worker\(s\), (\d+) relay\(s\)", output)
+    forecast = re.search(r"the relays of (\d+) host\(s\) forecast their (\d+) workers", output)
     return [
         ("the launcher started a relay per host",
          bool(relays) and relays.groups() == (str(n), str(args.hosts)),
          relays[0] if relays else "no relay started"),
+        ("the relays forecast their workers (-v's line)",
+         bool(forecast) and forecast.groups() == (str(args.hosts), str(n)),
+         forecast[0] if forecast else "no such line"),
         ("one record per worker per iteration", len(whole) == len(per_iteration) >= 2
          and len(rows) == n * len(per_iteration),
          f"{len(rows)} records, {len(per_iteration)} iterations of {n} workers"),

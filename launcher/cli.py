@@ -233,8 +233,9 @@ def cli(verbose):
               show_default=True,
               help="on: one relay process on every host with two or more workers: they "
                    "talk to it, and it sends the coordinator their reports and dones of an "
-                   "iteration in one message (the coordinator's work per iteration stays "
-                   "small at hundreds of workers; its workers reach it by a Unix socket in "
+                   "iteration in one message, with its own forecasts of their speeds (the "
+                   "coordinator's work per iteration stays small at hundreds of workers, "
+                   "and the splits are the same; its workers reach it by a Unix socket in "
                    "/tmp); off: every worker talks to the coordinator itself (for workers in "
                    "containers that do not share the host's /tmp); auto: on in jobs of "
                    f"{RELAY_FROM} workers or more (below, the extra hop costs latency).")

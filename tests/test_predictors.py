@@ -394,3 +394,49 @@ def test_narx_refuses_a_state_of_the_older_memory_layout():
         predictors.create("narx", 2, 3).load_state_dict(old)
     predictors.create("narx", 2, 3).load_state_dict(state)    # today's loads
     assert "_scratch" not in state and "d" not in state       # work arrays are not state
+
+
+@pytest.mark.parametrize("name", [p for p in predictors.available()
+                                  if predictors.predictor_class(p).separable])
+def test_a_separable_predictor_over_some_workers_forecasts_what_one_over_all_does(name):
+    """What lets a host's relay forecast its own workers: the predictor over each third of
+    the workers gives, bit for bit, the forecasts of one over all of them (bad speeds and
+    missing load readings included), its parts' states join into the whole one's, and the
+    whole one's state cut by workers goes on the same."""
+    rng = np.random.default_rng(1)
+    n, E, T = 12, 2, 240
+    speeds = 100 * np.exp(np.cumsum(rng.normal(0, 0.05, (T, n)), axis=0))
+    speeds[50, 2] = np.nan
+    speeds[90, 7] = -1.0
+    exog = rng.uniform(0, 100, (T, n, E))
+    exog[::7, 3] = np.nan
+    exog[100:140, :6, 0] += 60 * (np.arange(40) % 13 < 6)[:, None]   # load switches
+    whole = predictors.create(name, n, E)
+    parts = [np.arange(i, n, 3) for i in range(3)]
+    pieces = [predictors.create(name, len(p), E) for p in parts]
+    for t in range(T):
+        whole.observe(speeds[t], exog[t])
+        forecast = np.empty(n)
+        for index, piece in zip(parts, pieces):
+            piece.observe(speeds[t][index], exog[t][index])
+            forecast[index] = piece.predict()
+        np.testing.assert_array_equal(forecast, whole.predict(), err_msg=f"iteration {t}")
+        whole.learn()
+        for piece in pieces:
+            piece.learn()
+        if t == 150:
+            state = whole.state_dict()
+            joined = predictors.join_states(name, E, n, [(index, piece.state_dict())
+                                                         for index, piece in zip(parts, pieces)])
+            assert json.dumps(joined, sort_keys=True) == json.dumps(state, sort_keys=True)
+            pieces = [predictors.create(name, len(p), E) for p in parts]
+            for index, piece in zip(parts, pieces):
+                piece.load_state_dict(predictors.state_of_workers(name, E, state, index))
+    assert np.array_equal(np.concatenate([p.fallbacks for p in pieces])[np.argsort(
+        np.concatenate(parts))], whole.fallbacks)
+
+
+def test_joined_states_must_cover_every_worker_once():
+    one = predictors.create("narx", 2, 2).state_dict()
+    with pytest.raises(ValueError, match="every worker once"):
+        predictors.join_states("narx", 2, 4, [([0, 1], one), ([1, 2], one)])

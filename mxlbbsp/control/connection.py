@@ -124,6 +124,7 @@ class RelayLink:
         self.ranks: List[int] = []
         self.ranks_array = np.zeros(0, dtype=np.int64)
         self._mask: Optional[np.ndarray] = None
+        self._served: set = set()            # rank sets (their bytes) found served
 
     def add(self, rank: int) -> None:
         self.ranks.append(rank)
@@ -131,14 +132,21 @@ class RelayLink:
         self._mask = None
 
     def serves(self, ranks: np.ndarray) -> bool:
-        """Whether every one of ``ranks`` registered through this relay."""
+        """Whether every one of ``ranks`` registered through this relay (the sets seen
+        before remembered: a host sends the same ranks every iteration)."""
+        key = ranks.tobytes()
+        if key in self._served:
+            return True
         if self._mask is None:
             self._mask = np.zeros(self.ranks_array[-1] + 1 if self.ranks else 0, dtype=bool)
             self._mask[self.ranks_array] = True
         try:
-            return bool(self._mask[ranks].all()) and (len(ranks) == 0 or ranks.min() >= 0)
+            ok = bool(self._mask[ranks].all()) and (len(ranks) == 0 or ranks.min() >= 0)
         except IndexError:
             return False
+        if ok and len(self._served) < 64:
+            self._served.add(key)
+        return ok
 
     def describe(self) -> str:
         return f"the relay of host {self.host}"

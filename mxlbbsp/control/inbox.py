@@ -15,6 +15,7 @@ the coordinator's), kept in a room of its own. No framework import.
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from mxlbbsp import modes as _modes
@@ -22,6 +23,8 @@ from mxlbbsp.control.collect import WorkerError
 from mxlbbsp.control.connection import Connection, ViaRelay
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
+
+log = logging.getLogger(__name__)
 
 #: how long a relay may hold back a section until every worker of its host has sent its part,
 #: in a mode with a barrier per iteration (where the coordinator waits for every worker
@@ -147,6 +150,9 @@ class Inbox:
                         "state": None if full is None else speed.part_of(full, ranks)}
             # a predictor's state may hold NaN: plain JSON, not the protocol's lines
             relay.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": forecast}).encode()))
+        log.debug("the relays of %d host(s) forecast their %d workers (%s); the coordinator "
+                  "the other %d", len(relays), int(speed.remote.sum()), speed.predictor_name,
+                  len(speed.local))
 
     def _on_state(self, relay, body: bytes) -> None:
         """A relay's predictor state after an iteration the coordinator checkpoints."""

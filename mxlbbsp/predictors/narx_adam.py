@@ -108,6 +108,8 @@ class NARX(Predictor):
     Adam state and its replay window share per-worker arrays); the default is ``narx``.
     """
 
+    separable = True
+
     def __init__(self, num_workers: int, num_exog: int = 2, *, d_y: int = D_Y, d_x: int = D_X,
                  hidden: int = HIDDEN, window: int = WINDOW, batch: int = BATCH,
                  steps: int = STEPS, lr: float = LR, decay: float = DECAY,
