@@ -26,9 +26,13 @@ NARX's kernel units work), with each LB-BSP predictor, and records every split; 
 ``--baseline REV`` the same simulation on the code of commit REV (a temporary git worktree)
 must give the same batch sizes at every iteration. ``--workers N`` tiles the three traces
 over N workers (each shifted in time and with a speed of its own): the coordinator's arrays
-then have N rows, as at scale.
+then have N rows, as at scale. ``--per-host K`` (this tree only): the workers sit K to a
+host, and each host's forecasts come from its relay's predictor (``mxlbbsp.relay.forecast.
+Forecaster``, as a relay runs it), with the reports, as in a job with relays; the baseline
+still forecasts every worker in its coordinator.
 
     python benchmarks/dynamic.py --decisions --baseline REV --workers 3,1024
+    python benchmarks/dynamic.py --decisions --baseline REV --workers 64,1024 --per-host 8
 """
 import argparse
 import csv
@@ -105,10 +109,12 @@ def prediction_error(path: Path, skip: int = 5) -> float:
 DECISION_PREDICTORS = ["narx", "ema", "last", "ar"]
 
 
-def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_worker: int = 32):
+def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_worker: int = 32,
+             per_host: int = 0):
     """Every split the coordinator chose, per predictor, on the trace's times (see the module
     docstring): {predictor: [[b_0 .. b_n-1] per iteration]}, and under "<predictor> speeds"
-    a digest of every forecast (the metrics' predicted_speed), bit for bit."""
+    a digest of every forecast (the metrics' predicted_speed), bit for bit. ``per_host``:
+    the workers' relays forecast them, ``per_host`` to a relay."""
     import hashlib
     import mxlbbsp
     if (Path(mxlbbsp.__file__).parent / "control").is_dir():
@@ -128,6 +134,7 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
         speed = 1.0 + (ranks * 0.618) % 1.0                  # each worker its own
         splits = []
         digest = hashlib.sha256()
+        relays = _relays(c, name, workers, per_host) if per_host > 1 else []
         for t in range(iterations):
             f = factors[ranks % 3, t + ranks // 3]
             noise = rng.lognormal(0, 0.05, workers)
@@ -139,9 +146,19 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
                      "compute_s": float(compute[r]), "next_global_batch": B,
                      "others_cpu": float(load[r, 0]), "run_delay": float(load[r, 1]),
                      "cpu_pressure": float(load[r, 2])} for r in range(workers)]
+            for forecaster in relays:         # as each relay adds its columns
+                for r in forecaster.ranks:
+                    got = forecaster.report(r, msgs[r])
+                if got is not None:
+                    _, values, counts = got
+                    for i, r in enumerate(forecaster.ranks):
+                        msgs[r]["_forecast"], msgs[r]["_fallbacks"] = float(values[i]), \
+                            int(counts[i])
             if hasattr(c, "collect"):        # this tree: as a relay's section reaches it
                 from mxlbbsp.core.frames import Rows
                 c.decide(*c.collect.reports(Rows.from_messages(ranks.tolist(), msgs, 0.0)))
+                for forecaster in relays:     # their training step, after the split
+                    forecaster.learn()
             else:                            # a commit before issue 26's relays
                 c._on_iteration(t, dict(enumerate(msgs)))
             sizes = np.asarray(c._sizes)
@@ -154,6 +171,20 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
     return out
 
 
+def _relays(c, name: str, workers: int, per_host: int) -> list:
+    """The relays' predictors of ``per_host`` workers each, the coordinator's handed off to
+    them, as the coordinator's CONFIG does in a job."""
+    from mxlbbsp.relay.forecast import Forecaster
+    hosts = [list(range(i, min(i + per_host, workers))) for i in range(0, workers, per_host)]
+    hosts = [h for h in hosts if len(h) > 1]          # a host of one talks to it directly
+    remote = np.zeros(workers, dtype=bool)
+    for h in hosts:
+        remote[h] = True
+    c.speed.hand_off(remote)
+    return [Forecaster({"predictor": name, "exog": list(c.config.exog),
+                        "from": c.config.warmup, "ranks": h}) for h in hosts]
+
+
 def decisions(args) -> None:
     """--decisions: the simulation (see the module docstring), this tree and --baseline."""
     sizes = [int(x) for x in str(args.workers).split(",")]
@@ -164,7 +195,7 @@ def decisions(args) -> None:
     lines, payload = [], {}
     for n in sizes:
         C.progress(f"{n} workers: this tree")
-        mine = simulate(n, iters, args.seed, predictors)
+        mine = simulate(n, iters, args.seed, predictors, per_host=args.per_host)
         theirs = None
         if args.baseline:
             C.progress(f"{n} workers: {args.baseline}")
@@ -195,10 +226,14 @@ def decisions(args) -> None:
              f"{args.seed}), simulated: a real Coordinator fed the trace's iteration times and "
              "load readings, no job; every split of every iteration compared with "
              f"{args.baseline or '(no baseline)'}, and every forecast (the predicted_speed of "
-             "the metrics) bit for bit.\n\n| workers | predictor | iterations | split changes "
+             "the metrics) bit for bit."
+             + (f" This tree's workers {args.per_host} to a host, each host's relay "
+                "forecasting them (the baseline: its coordinator forecasting all)."
+                if args.per_host > 1 else "") + "\n\n| workers | predictor | iterations | split changes "
              "| batch sizes |\n|---|---|---|---|---|\n" + "\n".join(lines))
-    C.write("dynamic_decisions", {"seed": args.seed, "iterations": iters,
-                                  "baseline": args.baseline, "runs": payload}, table)
+    name = "dynamic_decisions" + (f"_per_host_{args.per_host}" if args.per_host > 1 else "")
+    C.write(name, {"seed": args.seed, "iterations": iters, "per_host": args.per_host,
+                   "baseline": args.baseline, "runs": payload}, table)
 
 
 def main():
@@ -217,6 +252,8 @@ def main():
     p.add_argument("--decisions", action="store_true",
                    help="no job: the coordinator's splits on the trace, simulated (see above)")
     p.add_argument("--workers", default="3", help="--decisions: comma-separated worker counts")
+    p.add_argument("--per-host", type=int, default=0, metavar="K",
+                   help="--decisions: this tree's workers K to a host, forecast by their relays")
     p.add_argument("--baseline", metavar="REV",
                    help="--decisions: also simulate the code of this commit and compare")
     p.add_argument("--simulate-in", metavar="TREE", help=argparse.SUPPRESS)
