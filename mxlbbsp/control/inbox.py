@@ -128,8 +128,10 @@ class Inbox:
         barrier = _modes.get(self.config.sync).barrier
         hold = RELAY_HOLD_S if barrier else 0.0
         done_hold = RELAY_DONE_HOLD_S if barrier and not self._hooks[P.DONE] else 0.0
+        every = self.config.checkpoint_every if self.config.checkpoint_dir else 0
         conn.transport.write(F.frame(F.CONFIG, P.encode({"hold_s": hold,
-                                                         "done_hold_s": done_hold})))
+                                                         "done_hold_s": done_hold,
+                                                         "checkpoint_every": every})))
         return True
 
     def _hand_off_forecasts(self) -> None:

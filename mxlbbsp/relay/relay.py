@@ -17,7 +17,8 @@ of :mod:`mxlbbsp.core.frames`) and relays:
   anyway; 0 elsewhere: what was read at once leaves at once), a complete section of dones
   after ``done_hold_s`` (1 s in lbbsp and bsp, where nothing waits for the dones: they
   leave with the host's next reports, in one write, and the coordinator wakes up once per
-  iteration for the host, not twice; 0 elsewhere); any other message (hello,
+  iteration for the host, not twice; 0 elsewhere, and for an iteration the coordinator
+  checkpoints); any other message (hello,
   log, bye, a mode's own) leaves as a FORWARD frame with the worker's rank, and a closed
   connection as LOST. Each worker's messages reach the coordinator in the order it sent
   them: a message joins an open section only if that worker has nothing later pending;
@@ -82,6 +83,7 @@ class Relay:
         self.host, self.expected = host, int(workers)
         self.hold_s = 0.0                    # until the coordinator's CONFIG says otherwise
         self.done_hold_s = 0.0
+        self.checkpoint_every = 0            # the dones of a checkpoint's iteration: at once
         self.forecaster: Optional[Forecaster] = None   # the CONFIG's, when it sends one
         self._ahead: List[bytes] = []        # FORECAST frames: ahead of the pending stream
         self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
@@ -187,6 +189,7 @@ class Relay:
             if "hold_s" in config:
                 self.hold_s = float(config["hold_s"])
                 self.done_hold_s = float(config.get("done_hold_s", 0.0))
+                self.checkpoint_every = int(config.get("checkpoint_every") or 0)
             if config.get("forecast"):
                 self.forecaster = Forecaster(config["forecast"])
         else:
@@ -262,8 +265,11 @@ class Relay:
         seen.add(rank)
         if len(seen) < len(self.active):
             self._arm(self.hold_s)
-        elif key[0] == P.DONE and self.done_hold_s > 0:
-            self._hold_dones()                  # with the next reports
+        elif key[0] == P.DONE and self.done_hold_s > 0 and not (
+                self.checkpoint_every and (key[1] + 1) % self.checkpoint_every == 0):
+            # with the next reports; not those of an iteration the coordinator checkpoints
+            # once they are in (its state's JSON would then delay the next split)
+            self._hold_dones()
         else:
             self.flush()
 
