@@ -17,8 +17,9 @@ non-numeric value as NaN). They travel with the reports (``_forecast`` and ``_fa
 columns of the section), or in a FORECAST frame ahead of them when part of the host's
 reports had already left. The predictor's training step (:meth:`learn`) follows the
 section's write; at the coordinator's checkpoint iterations the relay then sends the
-predictor's state (a STATE frame), which the coordinator joins with the other hosts' into
-the checkpoint of one predictor over all workers.
+predictor's state (a STATE frame, with its next write: the host's dones of that iteration,
+so that the coordinator reads it while the workers compute), which the coordinator joins
+with the other hosts' into the checkpoint of one predictor over all workers.
 
 Stdlib, numpy and the predictors (numpy only).
 """

@@ -85,7 +85,7 @@ class Relay:
         self.done_hold_s = 0.0
         self.checkpoint_every = 0            # the dones of a checkpoint's iteration: at once
         self.forecaster: Optional[Forecaster] = None   # the CONFIG's, when it sends one
-        self._ahead: List[bytes] = []        # FORECAST frames: ahead of the pending stream
+        self._ahead: List[bytes] = []        # FORECAST, STATE frames: ahead of the pending stream
         self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
         self.active: set = set()             # registered ranks that have not said bye
         self.registered = 0                  # workers that ever registered here
@@ -294,7 +294,9 @@ class Relay:
     def _learn(self) -> None:
         state = self.forecaster.learn()
         if state is not None:               # NaN in a fresh state: plain JSON, not the line's
-            self._send([F.frame(F.STATE, json.dumps(state).encode())])
+            # with the next write (the host's dones of that iteration, which the coordinator
+            # checkpoints after): read while the workers compute, not before the split
+            self._ahead.append(F.frame(F.STATE, json.dumps(state).encode()))
 
     def _forward(self, rank: int, data: bytes) -> None:
         if not self._pending:           # nothing to keep in order with: at once
