@@ -185,11 +185,12 @@ def _raw_worker(address, rank, n, B=64):
     return sock, sock.makefile("rb")
 
 
-def _decisions(c, addresses, iterations=12, start=0, late=()):
+def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0):
     """Feed the same reports (compute from the batch, per rank) through ``addresses``; the
     split of every iteration, and the records' fields the balancing decides. ``late``: ranks
     that report 80 ms after the others every 7th iteration (their relay's section leaves
-    without them: its forecasts then travel in a frame of their own)."""
+    without them: its forecasts then travel in a frame of their own); ``pause``: seconds
+    between the dones of an iteration and the next reports (the workers' compute)."""
     n = len(addresses)
     socks = [None] * n
     threads = [threading.Thread(target=lambda r=r: socks.__setitem__(
@@ -204,6 +205,7 @@ def _decisions(c, addresses, iterations=12, start=0, late=()):
         f.readline()
     splits = [sizes]
     for t in range(start, start + iterations):
+        time.sleep(pause if t > start else 0.0)
         order = sorted(range(n), key=lambda r: t % 7 == 0 and r in late)
         for r in order:
             if t % 7 == 0 and r in late and r == order[-len(late)]:
@@ -295,6 +297,35 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
     assert resumed["afresh"][0] != resumed[direct][0]   # the predictor's state did count
     # from the split the checkpoint saved (iteration 30 is the restart's warm-up)
     assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["sizes"]
+
+
+def test_a_hosts_dones_leave_with_its_next_reports_but_not_at_a_checkpoint(tmp_path,
+                                                                           monkeypatch):
+    """One write per host per iteration in lbbsp: the section of dones of t waits for the
+    reports of t + 1; at an iteration the coordinator checkpoints, the dones (and the
+    relay's predictor state) leave at once."""
+    writes = []
+    send = Relay._send
+
+    def counted(self, frames):
+        writes.append([(f[0], f[8] if f[0] == F.ROWS else None) for f in frames])
+        return send(self, frames)
+    monkeypatch.setattr(Relay, "_send", counted)
+    config = CoordinatorConfig(num_workers=8, token=TOKEN, checkpoint_dir=str(tmp_path / "c"),
+                               checkpoint_every=5, metrics_path=str(tmp_path / "m.jsonl"))
+    _through([4, 4], config, iterations=20, pause=0.1)
+    sections = [w for w in writes if any(kind == F.ROWS for kind, _ in w)]
+    done, report = 1, 0                     # a ROWS head's first byte: what
+    pairs = [w for w in sections if w == [(F.ROWS, done), (F.ROWS, report)]]
+    alone = [w for w in sections if w[:2] == [(F.STATE, None), (F.ROWS, done)]
+             and (F.ROWS, report) not in w]
+    # 2 relays: iterations 0..18's dones with the next reports, but for the checkpoints'
+    # 4, 9 and 14, and the last, 19 (with the byes, or before them): at once, with the
+    # relay's predictor state ahead of them. (A relay read late by a loaded machine may
+    # send a host's reports in two sections, or find dones and reports at once: a few
+    # writes of either kind may take another shape.)
+    assert 2 * (19 - 3) - 8 <= len(pairs) <= 2 * (19 - 3), writes
+    assert 2 * 3 - 1 <= len(alone) <= 2 * 4, writes
 
 
 def test_a_malformed_report_through_a_relay_fails_the_job_naming_the_worker(job):
