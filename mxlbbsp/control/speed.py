@@ -216,7 +216,8 @@ class SpeedModel:
         self.predictor = _pred.create(self.predictor_name, self.n, self.num_exog, **options)
         self.fit = _tm.AffineFit(self.n)
         self.regime = AutoRegime(self.n)                 # --time-model auto
-        self.loaded = False                  # the predictor's state came from a checkpoint
+        #: the predictor's state a checkpoint gave (cut for the relays at the hand-off)
+        self._saved: Optional[dict] = None
         #: per rank, whether its relay forecasts it (None: every forecast is made here)
         self.remote: Optional[np.ndarray] = None
         self.local = np.arange(self.n)       # the ranks the predictor here forecasts
@@ -233,7 +234,7 @@ class SpeedModel:
         """From now on the relays forecast the ranks of ``remote`` (bool per rank), and the
         predictor here the others; the predictor's state over all workers before the hand-off
         when it came from a checkpoint (the relays get their part of it), else None."""
-        full = self.predictor.state_dict() if self.loaded else None
+        full, self._saved = self._saved, None
         self.remote = np.asarray(remote, dtype=bool)
         self.local = np.flatnonzero(~self.remote)
         self.predictor = _pred.create(self.predictor_name, len(self.local), self.num_exog) \
@@ -269,41 +270,43 @@ class SpeedModel:
         if kind == "auto" and self.regime.describe() != regime:
             log.debug("iteration %d: time model: %s (fitted fixed share of the time %.0f%%)",
                       t + 1, self.regime.describe(), 100 * self.fit.job_share)
-        predictor = self.predictor
-        if self.remote is not None:
-            # the relays' forecasts for their workers, this predictor's for the others
-            # (never ``affine``: the speeds are the plain ones, as in the relays)
-            speed = batch / compute
-            forecasts, counts = forecast if forecast is not None else (np.full(self.n, np.nan),
-                                                                       np.full(self.n, np.nan))
-            np.copyto(self._remote_fallbacks, counts, casting="unsafe", where=counts >= 0)
-            local = self.local
-            if predictor is not None:
-                predictor.observe(speed[local], exog[local])
-            if equal:
-                return self._equal_model(batch, compute)
-            marginal = np.array(forecasts, dtype=float)
-            if predictor is not None:
-                marginal[local] = predictor.predict()
-            bad = ~(np.isfinite(marginal) & (marginal > 0))
-            return _tm.TimeModel(np.where(bad, speed, marginal), np.zeros(self.n))
-        if equal:
-            # the predictor still observes (whole-time speeds): no gaps in its lags
-            if hasattr(predictor, "advance"):
-                predictor.advance(t)
-            predictor.observe(batch / compute, exog)
-            return self._equal_model(batch, compute)
+        # The predictor sees the batch-invariant (marginal) speed; with the linear model, and
+        # in the equal regime (whole-time speeds: no gaps in its lags), batch / compute time.
         fixed = np.minimum(self.fit.intercept, 0.8 * compute) if kind == "affine" \
             else np.zeros(self.n)
-        # The predictor sees the batch-invariant (marginal) speed; with the linear model it
-        # is simply batch / compute time.
-        if hasattr(predictor, "advance"):
-            predictor.advance(t)
-        predictor.observe(batch / (compute - fixed), exog)
-        marginal = predictor.predict()
+        speed = batch / (compute - fixed)
+        self._observe(t, speed, exog, forecast)
+        if equal:
+            return self._equal_model(batch, compute)
+        marginal = self._predict(forecast)
         bad = ~(np.isfinite(marginal) & (marginal > 0))
-        marginal = np.where(bad, batch / (compute - fixed), marginal)
-        return _tm.TimeModel(marginal, fixed)
+        return _tm.TimeModel(np.where(bad, speed, marginal), fixed)
+
+    def _observe(self, t: int, speed: np.ndarray, exog: np.ndarray,
+                 forecast: Optional[tuple]) -> None:
+        """The predictor here observes its workers (all of them, or after a hand-off those
+        connected directly: the relays observed theirs; never ``affine`` then)."""
+        if self.remote is not None:
+            if forecast is not None:
+                counts = forecast[1]
+                np.copyto(self._remote_fallbacks, counts, casting="unsafe", where=counts >= 0)
+            speed, exog = speed[self.local], exog[self.local]
+        predictor = self.predictor
+        if predictor is not None:
+            if hasattr(predictor, "advance"):
+                predictor.advance(t)
+            predictor.observe(speed, exog)
+
+    def _predict(self, forecast: Optional[tuple]) -> np.ndarray:
+        """Each worker's forecast speed: the predictor's here, after a hand-off the relays'
+        for theirs (NaN where none came)."""
+        if self.remote is None:
+            return self.predictor.predict()
+        marginal = np.array(forecast[0], dtype=float) if forecast is not None \
+            else np.full(self.n, np.nan)
+        if self.predictor is not None:
+            marginal[self.local] = self.predictor.predict()
+        return marginal
 
     def state_dict(self, relays: Optional[list] = None) -> dict:
         """The predictor's, the fit's and the regime's state (JSON-serialisable). After a
@@ -333,7 +336,7 @@ class SpeedModel:
         try:
             if state.get("predictor_name") == self.predictor_name:
                 self.predictor.load_state_dict(state["predictor"])
-                self.loaded = True
+                self._saved = state["predictor"]
             load_object_state(self.fit, state["fit"])
             if state.get("regime"):
                 load_object_state(self.regime, state["regime"])
