@@ -44,9 +44,6 @@ class CoordinatorConfig:
     checkpoint_every: int = 0
     resume_manifest: Optional[dict] = None
     resume_state: Optional[dict] = None
-    #: the relays forecast their workers when the predictor is separable (the same numbers;
-    #: False keeps every forecast here, for comparisons)
-    relay_forecasts: bool = True
 
     def __post_init__(self):
         if self.num_workers < 1:

@@ -140,15 +140,13 @@ class Inbox:
         predictor state that is theirs, when the job resumed)."""
         relays = [relay for relay in self.links.relays if relay.ranks]
         speed, cfg = self.speed, self.config
-        if not relays or not cfg.relay_forecasts or not speed.separable():
+        if not relays or not speed.separable():
             return
         full = speed.hand_off(self.links.owner >= 0)
-        every = cfg.checkpoint_every if cfg.checkpoint_dir else 0
         for relay in relays:
             ranks = relay.ranks_array
             forecast = {"predictor": speed.predictor_name, "exog": list(cfg.exog),
                         "from": self._start + cfg.warmup, "ranks": ranks.tolist(),
-                        "state_every": every,
                         "state": None if full is None else speed.part_of(full, ranks)}
             # a predictor's state may hold NaN: plain JSON, not the protocol's lines
             relay.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": forecast}).encode()))

@@ -22,7 +22,10 @@ relay -> coordinator
              after it learnt that iteration (at the coordinator's checkpoints)
 coordinator -> relay
     CONFIG   a JSON object: ``hold_s``, how long the relay may hold a section back waiting
-             for the rest of its workers (0: flush once the messages at hand are read); once
+             for the rest of its workers (0: flush once the messages at hand are read),
+             ``done_hold_s``, how long a complete section of dones may wait for the host's
+             next reports, and ``checkpoint_every``, the coordinator's checkpoint period
+             (0: none; those iterations' dones, and the predictor's STATE, leave at once); once
              every worker has said hello, ``forecast``: the predictor the relay runs over its
              workers, and from which iteration (see :mod:`mxlbbsp.relay.forecast`)
     TO_RANK  <i4 rank> + one JSON line, for that worker

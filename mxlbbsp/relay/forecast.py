@@ -8,7 +8,7 @@ workers, every host in parallel, and the coordinator's split is the same.
 
 Once every worker of the job has said hello, the coordinator's CONFIG frame names the
 predictor, the ``--exog`` columns, the first iteration it learns from (after the warm-up,
-as the coordinator's own predictor), how often the coordinator checkpoints, and the state
+as the coordinator's own predictor), and the state
 of this host's workers when the job resumed from a checkpoint. From then on, once all the
 host's reports of an iteration t are in, :meth:`Forecaster.report` gives each worker's
 forecast of its speed at t+1, computed from exactly the numbers the coordinator's predictor
@@ -36,22 +36,21 @@ from mxlbbsp import predictors as _pred
 def _number(value) -> float:
     """A report's field as the coordinator reads it into its columns (NaN: none, or not a
     number, which the coordinator refuses anyway)."""
-    if value is None or isinstance(value, str) or not isinstance(value, (int, float)):
-        return math.nan
-    return float(value)
+    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 class Forecaster:
-    """The predictor of one host's workers (``config``: the coordinator's ``forecast``)."""
+    """The predictor of one host's workers (``config``: the coordinator's ``forecast``;
+    ``every``: the coordinator's checkpoint period, 0 for none)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, every: int = 0):
         self.name = str(config["predictor"])
         exog = tuple(config.get("exog") or ())
         self.columns = exog or ("",)           # as the coordinator's Collector: one NaN column
         self.ranks = sorted(int(r) for r in config["ranks"])
         self.slot = {rank: i for i, rank in enumerate(self.ranks)}
         self.start = int(config.get("from", 0))
-        self.every = int(config.get("state_every") or 0)
+        self.every = every
         self.predictor = _pred.create(self.name, len(self.ranks), len(self.columns))
         if config.get("state"):
             self.predictor.load_state_dict(config["state"])

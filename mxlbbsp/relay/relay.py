@@ -191,7 +191,7 @@ class Relay:
                 self.done_hold_s = float(config.get("done_hold_s", 0.0))
                 self.checkpoint_every = int(config.get("checkpoint_every") or 0)
             if config.get("forecast"):
-                self.forecaster = Forecaster(config["forecast"])
+                self.forecaster = Forecaster(config["forecast"], self.checkpoint_every)
         else:
             raise F.FrameError(f"a frame of unknown kind {kind}")
 
