@@ -27,6 +27,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from mxlbbsp.core import frames as F
+from mxlbbsp.relay.hub import Hub
 from mxlbbsp.relay.relay import Relay
 
 
@@ -64,6 +65,72 @@ class TimedRelay(Relay):
         super().on_frame(kind, body)
 
 
+def hub_plan(hosts, per_hub: int) -> Tuple[list, List[str]]:
+    """The hubs of ``hosts`` (``plan``'s), ``per_hub`` relays each: (name, address, relays,
+    workers), and each host's relay's upstream (its hub's address)."""
+    job = secrets.token_hex(4)
+    hubs, upstreams = [], []
+    for i, start in enumerate(range(0, len(hosts), per_hub)):
+        group = hosts[start:start + per_hub]
+        address = f"unix:@mxlbbsp-bench-hub-{job}-{i}"
+        hubs.append((f"hub{i}", address, len(group), sum(k for _, _, k in group)))
+        upstreams += [address] * len(group)
+    return hubs, upstreams
+
+
+class TimedHub(Hub):
+    """A hub that notes its process's CPU time when its SLICES frames arrive."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cpu: List[Tuple[int, float]] = []
+
+    def on_frame(self, kind, body) -> None:
+        if kind == F.SLICES and self.cpu is not None:
+            self.cpu.append((struct.unpack_from("<q", body)[0], time.process_time()))
+        super().on_frame(kind, body)
+
+
+def hub_process(upstream, token: str, hubs, conn, cpus=None) -> None:
+    """Run a TimedHub per hub (``hub_plan``'s) until every one has ended; ("ready", None)
+    once they listen, then ("ok", stats) or ("error", text) on ``conn``."""
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        conn.send(("ok", asyncio.run(_hubs(upstream, token, hubs, conn))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+async def _hubs(upstream, token, hubs, conn) -> dict:
+    from mxlbbsp.core import protocol as P
+    running = [TimedHub(P.parse_address(address), tuple(upstream), token, name, relays, k)
+               for name, address, relays, k in hubs]
+    for hub in running[1:]:
+        hub.cpu = None                       # the first one samples the process's CPU
+    tasks = [asyncio.ensure_future(h.run()) for h in running]
+    while not all(h._server is not None for h in running):
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.01)
+    conn.send(("ready", None))
+    codes = await asyncio.gather(*tasks)
+    return {"codes": codes, "cpu": running[0].cpu,
+            "writes_up": sum(h.writes_up for h in running),
+            "sections_in": sum(h.sections_in for h in running),
+            "sections_up": sum(h.sections_up for h in running)}
+
+
+def hub_cpu(stats: dict, skip: int) -> float:
+    """The hubs' process's CPU milliseconds per iteration."""
+    cpu = [(t, c) for t, c in stats["cpu"] if t > skip]
+    if len(cpu) < 2 or cpu[-1][0] <= cpu[0][0]:
+        return float("nan")
+    return 1000 * (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0])
+
+
 def plan(n: int, per_host: int) -> Tuple[List[Tuple[str, str, int]], List[str]]:
     """The emulated hosts, (host name, relay address, workers), and each rank's address:
     ranks fill the hosts in order, ``per_host`` each (the last may have fewer)."""
@@ -79,7 +146,8 @@ def plan(n: int, per_host: int) -> Tuple[List[Tuple[str, str, int]], List[str]]:
 
 def relay_process(upstream, token: str, hosts, conn, cpus=None) -> None:
     """Run a TimedRelay per host until every one has ended; sends ("ready", None) once they
-    listen, then ("ok", stats) or ("error", text) on ``conn``."""
+    listen, then ("ok", stats) or ("error", text) on ``conn``. ``upstream``: the coordinator's
+    address, or a list of each host's relay's (its hub's: ``hub_plan``)."""
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)
@@ -92,8 +160,10 @@ def relay_process(upstream, token: str, hosts, conn, cpus=None) -> None:
 
 async def _relays(upstream, token, hosts, conn) -> dict:
     from mxlbbsp.core import protocol as P
-    relays = [TimedRelay(P.parse_address(address), tuple(upstream), token, name, k)
-              for name, address, k in hosts]
+    ups = upstream if isinstance(upstream, list) else [tuple(upstream)] * len(hosts)
+    relays = [TimedRelay(P.parse_address(address), P.parse_address(up) if isinstance(up, str)
+                         else up, token, name, k)
+              for (name, address, k), up in zip(hosts, ups)]
     for relay in relays[1:]:
         relay.cpu = None                     # the first one samples the process's CPU
     tasks = [asyncio.ensure_future(r.run()) for r in relays]

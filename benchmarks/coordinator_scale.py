@@ -272,7 +272,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
             processes: Optional[int] = None, skip: int = 5, seed: int = 0,
             profile: bool = False, metrics: bool = True, instrument: bool = False,
             predictor: Optional[str] = None, nice: int = 0,
-            placement: str = "pinned", per_host: int = PER_HOST) -> dict:
+            placement: str = "pinned", per_host: int = PER_HOST, per_hub: int = 0) -> dict:
     """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary.
 
     ``placement``: ``pinned`` runs the coordinator thread on the first core and the simulated
@@ -313,12 +313,23 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 asyncio.run_coroutine_threadsafe(_call(profiler.enable), coord._loop).result()
             ctx = mp.get_context("spawn")
             where, relays = addr, None
+            hubs = None
             if per_host > 1:                 # the emulated hosts' relays, then the workers
                 hosts, addresses = _hosts.plan(n, per_host)
                 where = dict(enumerate(addresses))
+                upstream = addr
+                if per_hub > 1:              # their hubs first, in a process of their own
+                    hub_list, upstream = _hosts.hub_plan(hosts, per_hub)
+                    hub_pipe, child = ctx.Pipe(duplex=False)
+                    hubs = ctx.Process(target=_hosts.hub_process, daemon=True, args=(
+                        addr, token, hub_list, child, client_cpus))
+                    hubs.start()
+                    child.close()
+                    if not hub_pipe.poll(120) or hub_pipe.recv()[0] != "ready":
+                        raise RuntimeError("the hubs did not start")
                 relay_pipe, child = ctx.Pipe(duplex=False)
                 relays = ctx.Process(target=_hosts.relay_process, daemon=True, args=(
-                    addr, token, hosts, child, client_cpus))
+                    upstream, token, hosts, child, client_cpus))
                 relays.start()
                 child.close()
                 if not relay_pipe.poll(120) or relay_pipe.recv()[0] != "ready":
@@ -370,6 +381,14 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 if status != "ok":
                     raise RuntimeError(f"the relays failed: {relay_stats}")
                 relays.join(10)
+            hub_stats = None
+            if hubs is not None:
+                if not hub_pipe.poll(60):
+                    raise RuntimeError("the hubs ended without a result")
+                status, hub_stats = hub_pipe.recv()
+                if status != "ok":
+                    raise RuntimeError(f"the hubs failed: {hub_stats}")
+                hubs.join(10)
             if profiler is not None:
                 asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
             if coord.failure:
@@ -404,6 +423,12 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         "client_cpus": sorted(client_cpus) if client_cpus else None,
     }
     out["per_host"] = per_host if per_host > 1 else None
+    out["per_hub"] = per_hub if per_host > 1 and per_hub > 1 else None
+    if hub_stats is not None:
+        out["hubs"] = len(hub_list)
+        out["hubs_cpu_ms_per_iteration"] = _hosts.hub_cpu(hub_stats, skip)
+        out["hub_cpu_ms_per_iteration"] = out["hubs_cpu_ms_per_iteration"] / len(hub_list)
+        out["hub_writes_per_iteration"] = hub_stats["writes_up"] / max(iterations, 1)
     if relay_stats is not None:
         hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts))
         out["relay_latency_ms"] = _stats(hosted.pop("relay_latency_ms"))

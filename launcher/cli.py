@@ -17,6 +17,8 @@ from mxlbbsp.core import signals as _signals
 from mxlbbsp.core.env import VERSION as __version__
 
 from .config import (
+    HUB_CHOICES,
+    HUB_FROM,
     RELAY_CHOICES,
     RELAY_FROM,
     ConfigError,
@@ -239,6 +241,14 @@ def cli(verbose):
                    "/tmp); off: every worker talks to the coordinator itself (for workers in "
                    "containers that do not share the host's /tmp); auto: on in jobs of "
                    f"{RELAY_FROM} workers or more (below, the extra hop costs latency).")
+@click.option("--hubs", type=click.Choice(list(HUB_CHOICES)), default=_default("hubs"),
+              show_default=True,
+              help="on: the relays reach the coordinator through hubs, processes on this "
+                   "machine that each merge 8 hosts' relays' messages of an iteration into "
+                   "one (the coordinator reads and writes n/64 connections, not n/8: at 1024 "
+                   "workers less than half its CPU per iteration; the splits are the same; "
+                   "each hub listens on a free TCP port of --bind); off: the relays talk to "
+                   f"the coordinator themselves; auto: on from {HUB_FROM} relays.")
 @click.option("--remote-python", metavar="PATH",
               help="Python on the remote hosts (default: this one's path, "
                    "i.e. the same virtualenv everywhere).")
@@ -267,7 +277,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
-           relay, remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
+           relay, hubs, remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
            command, **mode_values):
 
     configure_logging(verbose)
@@ -282,7 +292,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,
         stall_timeout=stall_timeout, bind=bind, ps_interface=ps_interface, ssh_port=ssh_port,
         ssh_identity=ssh_identity,
-        ssh_options=parse_ssh_options(ssh_option_items), relay=relay,
+        ssh_options=parse_ssh_options(ssh_option_items), relay=relay, hubs=hubs,
         remote_python=remote_python,
         dry_run=dry_run, mode_options={_MODE_PARAMS[k]: v for k, v in mode_values.items()},
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,

@@ -41,6 +41,13 @@ RELAY_CHOICES = ("auto", "on", "off")
 #: costs latency (16 workers: +0.3 ms end to end), from 64 none, and the coordinator's CPU
 #: per iteration halves (benchmarks/results/coordinator_scale_relays_vs_direct.md)
 RELAY_FROM = 64
+#: --hubs: the hosts' relays reach the coordinator through hubs (mxlbbsp.relay.hub, on this
+#: machine, RELAYS_PER_HUB relays each) (on), directly (off), or through hubs from HUB_FROM
+#: relays up (auto): at 1024 workers, 8 to a host, the coordinator's CPU per iteration is
+#: less than half with hubs (benchmarks/results/coordinator_scale_hubs.md); at 256 it is
+#: small without, and a hub is one more hop
+HUB_CHOICES = ("auto", "on", "off")
+HUB_FROM = 64
 
 
 def _cwd() -> str:
@@ -225,6 +232,9 @@ class LaunchConfig:
     #: on: a relay (mxlbbsp.relay) on every host with two or more workers; off: none; auto:
     #: on from RELAY_FROM workers
     relay: str = "auto"
+    #: on: the relays reach the coordinator through hubs (mxlbbsp.relay.hub); off: directly;
+    #: auto: through hubs from HUB_FROM relays
+    hubs: str = "auto"
     cwd: str = dataclasses.field(default_factory=_cwd)
     #: per-rank slowdown schedules, filled in by validation
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
@@ -238,6 +248,8 @@ class LaunchConfig:
     def __post_init__(self):
         if self.relay not in RELAY_CHOICES:
             raise ConfigError(f"--relay {self.relay!r}: choose one of {', '.join(RELAY_CHOICES)}")
+        if self.hubs not in HUB_CHOICES:
+            raise ConfigError(f"--hubs {self.hubs!r}: choose one of {', '.join(HUB_CHOICES)}")
         self.command = list(self.command or [])
         if not self.command:
             raise ConfigError("missing the command to run: put it after --, e.g. "

@@ -29,8 +29,12 @@ def describe(config: LaunchConfig, transport: _transport.Transport, hosts: Seque
     lines.append(f"{'ROLE':<10} {'RANK':<5} {'HOST':<20} COMMAND")
     chosen = {_env.TOKEN: "<secret>", _env.PS_ROOT_PORT: "<free port>",
               _env.COORDINATOR: f"{bind}:<free port>"}
+    # a hub's port, which a run chooses again: its relays' coordinator and its own address
+    hubs = {p.env[_env.RELAY]: f"{bind}:<hub {p.rank} port>"
+            for p in roles.relays if p.role == "hub"}
     for p in roles.all:
-        shown = {k: v if v.startswith("unix:") else chosen.get(k, v)   # a relay's socket
+        shown = {k: hubs.get(v) or (v if v.startswith("unix:")      # a relay's socket
+                                    else chosen.get(k, v))
                  for k, v in sorted(p.env.items())
                  if k.startswith(("DMLC_", "MXLBBSP_")) or k == "OMP_NUM_THREADS"}
         env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())

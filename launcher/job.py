@@ -38,19 +38,13 @@ from .dryrun import describe
 from .guard import remove_sockets
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, stop_all
-from .roles import RoleBuilder, Roles
+from .roles import RoleBuilder, Roles, free_port
 from .slurm import SlurmTransport, in_allocation
 from .supervise import EXIT_CONFIG, Supervisor
 
 
 class JobFailed(RuntimeError):
     """The job could not start (not bad input): exit code 1, one line."""
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _listening(host: str, port: int) -> bool:
@@ -203,9 +197,11 @@ class Job:
         if self._keepalive:
             threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
                              name="heartbeat", daemon=True).start()
-        relays = len(self.roles.relays)
+        hubs = sum(p.role == "hub" for p in self.roles.relays)
+        relays = len(self.roles.relays) - hubs
         self.output.say(f"started {len(self.roles.workers)} worker(s)"
                         + (f", {relays} relay(s)" if relays else "")
+                        + (f" through {hubs} hub(s)" if hubs else "")
                         + f" and {len(self.roles.servers)} server(s); sync={cfg.sync}, "
                         f"predictor={cfg.predictor}; scheduler {self.bind}:{port}, "
                         f"coordinator {coord_addr[0]}:{coord_addr[1]}")

@@ -22,14 +22,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import socket
 import sys
 from typing import Dict, List, Optional
 
 from mxlbbsp import modes
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import protocol as _protocol
 
 from . import transport as _transport
-from .config import RELAY_FROM, LaunchConfig
+from .config import HUB_FROM, RELAY_FROM, LaunchConfig
 from .guard import SHARE_CORES
 from .hostfile import Host, Placement, local_ranks
 from .procs import Output, RoleProcess, local_transport
@@ -40,6 +42,13 @@ SOCKET_DIR = "/tmp"
 #: a remote worker's guard reports its CPU seconds this often (see guard.CPU), and whether
 #: its command is stopped (see guard.STOPPED) within this
 CPU_EVERY = 1.0
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the scheduler's, a hub's)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -101,6 +110,7 @@ class RoleBuilder:
                                              [self.transport.python(host), "-m", "mxlbbsp.relay"],
                                              env, name=f"the relay of {host.name}",
                                              sockets=[listen]))
+        relays = self._hubs(relays, bind, coordinator_addr, per_host) + relays
         workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
@@ -137,6 +147,34 @@ class RoleBuilder:
         env.update(_env.ps_env(role, bind, port, self.config.num_servers,
                                self.config.num_workers, node_host, self.config.ps_interface))
         return env
+
+    def _hubs(self, relays: List[RoleProcess], bind: str, coordinator_addr,
+              per_host: Dict[str, int]) -> List[RoleProcess]:
+        """With ``--hubs on`` (or ``auto`` and HUB_FROM relays or more), a hub on this
+        machine for each RELAYS_PER_HUB relays (on a free port of ``bind``): they reach the
+        coordinator through it. The hubs, to start before the relays."""
+        from mxlbbsp.relay.hub import RELAYS_PER_HUB
+        cfg = self.config
+        if not relays or cfg.hubs == "off" or (cfg.hubs == "auto" and len(relays) < HUB_FROM):
+            return []
+        here = Host(bind)
+        hubs = []
+        for i, start in enumerate(range(0, len(relays), RELAYS_PER_HUB)):
+            group = relays[start:start + RELAYS_PER_HUB]
+            listen = (bind, free_port(bind))
+            workers = sum(per_host[r.host] for r in group)
+            label = f"hub-{i}"
+            env = self._base_env(None)
+            env.update(_env.hub_env(listen, coordinator_addr, self.token, label, len(group),
+                                    workers))
+            for relay in group:
+                relay.env[_env.COORDINATOR] = _protocol.format_address(listen)
+            hosts = group[0].host if len(group) == 1 else f"{group[0].host}..{group[-1].host}"
+            hubs.append(self._role("hub", i, here,
+                                   [sys.executable, "-m", "mxlbbsp.relay.hub"], env,
+                                   transport=local_transport(),
+                                   name=f"hub {i} (the relays of hosts {hosts})"))
+        return hubs
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,

@@ -53,7 +53,7 @@ def lbbsp_run(tmp_path_factory):
     """One 2-worker LB-BSP job, worker 1 emulated 3x slower; several tests read it."""
     tmp = tmp_path_factory.mktemp("lbbsp")
     result = run_mxlbbsp("launch", "-n", 2, "--emulate-slowdown", "1,3", "--relay", "on",
-                         "--metrics", tmp / "m.jsonl", "--progress", "1",
+                         "--hubs", "on", "--metrics", tmp / "m.jsonl", "--progress", "1",
                          "--", PY, EXAMPLE, *TRAIN, "--save-params", tmp / "lbbsp.params")
     return tmp, result
 
@@ -66,10 +66,11 @@ def test_lbbsp_run_succeeds(lbbsp_run):
 
 
 def test_lbbsp_ends_with_the_parameters_of_one_process(lbbsp_run, tmp_path):
-    """... through the host's relay (--relay on, two workers on this host: issue 26)."""
+    """... through the host's relay and a hub (--relay on --hubs on, two workers on this
+    host: issue 26)."""
     tmp, r = lbbsp_run
     assert r.rc == 0, r.output
-    assert "started 2 worker(s), 1 relay(s)" in r.stderr, r.output
+    assert "started 2 worker(s), 1 relay(s) through 1 hub(s)" in r.stderr, r.output
     dist = mx.nd.load(str(tmp / "lbbsp.params"))
     single = single_process(tmp_path, TRAIN)
     assert relative_difference(dist, single) <= 1e-4

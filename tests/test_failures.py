@@ -271,7 +271,8 @@ def relay_sockets() -> set:
 
 def relay_of(job):
     """The job's relay process (psutil)."""
-    return next(p for p in processes_with(job.marker) if "mxlbbsp.relay" in " ".join(p.cmdline()))
+    return next(p for p in processes_with(job.marker)
+                if " -m mxlbbsp.relay" in " ".join(p.cmdline()) and "hub" not in " ".join(p.cmdline()))
 
 
 @pytest.mark.parametrize("what", ["relay", "guard"])
@@ -298,6 +299,28 @@ def test_a_killed_relay_ends_the_job_naming_its_host(what):
     assert said in errors[0], job.output
     assert wait_no_leftovers(job.marker) == []
     assert relay_sockets() <= sockets_before     # nor its socket
+
+
+def test_a_killed_hub_ends_the_job_naming_it():
+    """Issue 26: the hub between the relays and the coordinator (--hubs on) killed with -9:
+    the job ends with one line that names it and the hosts of its relays, and leaves
+    nothing behind."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--relay", "on", "--hubs", "on",
+                   "--", PY, SCRIPT, "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
+    try:
+        job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\) through 1 hub\(s\)")
+        job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
+        hub = next(p for p in processes_with(job.marker)
+                   if "mxlbbsp.relay.hub" in " ".join(p.cmdline()))
+        hub.kill()
+        rc = job.finish()
+    finally:
+        job.close()
+    assert rc == 137, job.output
+    errors = [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
+    assert len(errors) == 1, job.output
+    assert "hub 0 (the relays of hosts localhost) was killed by SIGKILL" in errors[0], job.output
+    assert wait_no_leftovers(job.marker) == []
 
 
 def test_a_relay_killed_before_its_workers_connected_leaves_no_socket():

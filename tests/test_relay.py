@@ -15,6 +15,7 @@ from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import metrics
 from mxlbbsp.core import protocol as P
+from mxlbbsp.relay.hub import Hub
 from mxlbbsp.relay.relay import Relay
 from mxlbbsp.worker.session import Session
 from conftest import in_threads
@@ -94,9 +95,9 @@ def test_slices_frames_carry_each_workers_alloc_line():
 class RelayThread:
     """A Relay on a thread of its own, serving ``workers`` workers of ``host``."""
 
-    def __init__(self, c, host, workers, token=TOKEN):
+    def __init__(self, c, host, workers, token=TOKEN, upstream=None):
         self.name = f"mxlbbsp-test-{secrets.token_hex(6)}"
-        self.relay = Relay("\0" + self.name, tuple(c.address), token, host, workers)
+        self.relay = self._make(upstream or tuple(c.address), token, host, workers)
         self.rc = None
         self.loop = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -104,6 +105,9 @@ class RelayThread:
         deadline = time.monotonic() + 10
         while self.relay._server is None and self.rc is None and time.monotonic() < deadline:
             time.sleep(0.01)
+
+    def _make(self, upstream, token, host, workers):
+        return Relay("\0" + self.name, upstream, token, host, workers)
 
     def _run(self):
         async def main():
@@ -122,6 +126,22 @@ class RelayThread:
             except RuntimeError:        # it ended meanwhile (its loop is closed)
                 pass
         self.thread.join(10)
+
+
+class HubThread(RelayThread):
+    """A Hub on a thread of its own (``relay``: the hub), for ``relays`` relays and
+    ``workers`` workers; its relays' upstream is ``upstream``."""
+
+    def __init__(self, c, name, relays, workers):
+        self.relays = relays
+        super().__init__(c, name, workers)
+
+    def _make(self, upstream, token, host, workers):
+        return Hub("\0" + self.name, upstream, token, host, self.relays, workers)
+
+    @property
+    def upstream(self):
+        return "\0" + self.name
 
 
 @pytest.fixture
@@ -228,14 +248,20 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0):
     return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics_path)]
 
 
-def _through(hosts, config, **feed):
-    """_decisions with the workers on ``hosts`` (workers per host; one: directly)."""
+def _through(hosts, config, hub=False, **feed):
+    """_decisions with the workers on ``hosts`` (workers per host; one: directly); ``hub``:
+    the relays reach the coordinator through one hub."""
     c = Coordinator(config)
     c.start()
     relays, addresses = [], []
+    up = None
+    if hub:
+        grouped = [k for k in hosts if k > 1]
+        relays.append(HubThread(c, "hub-0", len(grouped), sum(grouped)))
+        up = relays[0].upstream
     for h, k in enumerate(hosts):
         if k > 1:
-            relays.append(RelayThread(c, f"host{h}", k))
+            relays.append(RelayThread(c, f"host{h}", k, upstream=up))
             addresses += [relays[-1].address] * k
         else:
             addresses.append(f"{c.address[0]}:{c.address[1]}")
@@ -262,24 +288,33 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
     when a worker was late); the splits, the records and the checkpoints' predictor states
     are those of one predictor over all workers, and so are a resumed job's."""
     runs, states = {}, {}
-    for hosts in ([1] * 6, [3, 3], [4, 1, 1]):
+    for hosts in ([1] * 6, [3, 3], [4, 1, 1], "hub", "hub2"):
         key = str(hosts)
         folder = tmp_path / f"ckpt{len(runs)}"
         config = CoordinatorConfig(num_workers=6, token=TOKEN, checkpoint_dir=str(folder),
                                    checkpoint_every=10,
                                    metrics_path=str(tmp_path / f"{len(runs)}.jsonl"))
-        runs[key], c, relays = _through(hosts, config, iterations=40, late=(2, 5))
+        hub = hosts in ("hub", "hub2")      # 3 + 3, or 2 + 3 and one direct, through a hub
+        hosts = {"hub": [3, 3], "hub2": [2, 3, 1]}[hosts] if hub else hosts
+        runs[key], c, relays = _through(hosts, config, hub=hub, iterations=40, late=(2, 5))
         states[key] = {f.name: json.loads(f.read_text()) for f in sorted(folder.iterdir())}
+        hubs = [r for r in relays if isinstance(r, Hub)]
+        relays = [r for r in relays if isinstance(r, Relay)]
         if len(hosts) > 1 and hosts != [1] * 6:
             behind = sum(k for k in hosts if k > 1)
             assert c.speed.remote.sum() == behind and len(c.speed.local) == 6 - behind
             assert all(r.forecaster is not None for r in relays)
             assert sum(r.forecasts_ahead for r in relays) > 0     # the late workers' path
+        if hub:     # the coordinator saw one relay: the hub, which merged its relays' sections
+            assert len(c.links.relays) == 1 and len(relays) == 2
+            assert 0 < hubs[0].sections_up < hubs[0].sections_in
     direct = str([1] * 6)
     assert runs[direct][0][-1] != runs[direct][0][0]     # it did rebalance
     assert list(states[direct]) == [f"coordinator-{t:08d}.json" for t in (9, 19, 29, 39)]
     assert states[direct]["coordinator-00000039.json"]["predictor"] is not None
     for key in runs:
+        for a, b in zip(runs[key][1], runs[direct][1]):
+            assert a == b, (key, sorted(a.items()), sorted(b.items()))
         assert runs[key] == runs[direct], key
         assert states[key] == states[direct], key
     # resumed from iteration 29's checkpoint, over another placement than the one saved it

@@ -18,6 +18,8 @@ import json
 import logging
 import time
 
+import numpy as np
+
 from mxlbbsp import modes as _modes
 from mxlbbsp.control.collect import WorkerError
 from mxlbbsp.control.connection import Connection, ViaRelay
@@ -158,8 +160,10 @@ class Inbox:
         """A relay's predictor state after an iteration the coordinator checkpoints."""
         msg = json.loads(body)
         t, ranks = msg.get("iteration"), msg.get("ranks")
+        # a hub's relays send theirs one by one: any ranks of this relay's
         if type(t) is not int or not isinstance(ranks, list) or not isinstance(
-                msg.get("state"), dict) or ranks != relay.ranks_array.tolist():
+                msg.get("state"), dict) or not ranks or not all(type(r) is int for r in ranks) \
+                or not relay.serves(np.array(ranks, dtype=np.int64)):
             raise F.FrameError("a STATE frame without its iteration, ranks and state")
         states = self._relay_states.setdefault(t, [])
         states.append((ranks, msg["state"]))

@@ -84,6 +84,7 @@ INTERFACE = "DMLC_INTERFACE"
 
 COORDINATOR = "MXLBBSP_COORDINATOR"
 RELAY = "MXLBBSP_RELAY"
+HUB_RELAYS = "MXLBBSP_HUB_RELAYS"
 TOKEN = "MXLBBSP_TOKEN"
 SYNC = "MXLBBSP_SYNC"
 #: modules (comma-separated) that register more sync modes (mxlbbsp.modes)
@@ -196,6 +197,11 @@ def coordinator(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.A
 def relay(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]:
     """MXLBBSP_RELAY: the address a relay listens on (None: not a relay)."""
     return _address(env, RELAY)
+
+
+def hub_relays(env: Optional[Mapping[str, str]] = None) -> int:
+    """How many hosts' relays a hub serves (``python -m mxlbbsp.relay.hub``)."""
+    return _int(env, HUB_RELAYS, 0)
 
 
 def token(env: Optional[Mapping[str, str]] = None) -> str:
@@ -311,6 +317,14 @@ def relay_env(listen: _protocol.Address, coordinator_addr: _protocol.Address, to
     return {RELAY: _protocol.format_address(listen),
             COORDINATOR: _protocol.format_address(coordinator_addr), TOKEN: token_,
             HOST: host_label, LOCAL_SIZE: str(int(workers))}
+
+
+def hub_env(listen: _protocol.Address, coordinator_addr: _protocol.Address, token_: str,
+            label: str, relays: int, workers: int) -> dict:
+    """The MXLBBSP_* variables of a hub of ``relays`` relays, ``workers`` workers in all."""
+    env = relay_env(listen, coordinator_addr, token_, label, workers)
+    env[HUB_RELAYS] = str(int(relays))
+    return env
 
 
 def worker_env(rank_: int, sync_mode: str, coordinator_addr: _protocol.Address, token_: str,

@@ -117,12 +117,21 @@ def slices_frame(iteration: int, total: int, ranks: np.ndarray, offsets: np.ndar
     return frame(SLICES, body)
 
 
+def read_slices(body) -> Tuple[int, int, np.ndarray]:
+    """(iteration, total, the (3, count) int64 rows: ranks, offsets, sizes) of a SLICES
+    frame."""
+    if len(body) < _SLICES_HEAD.size:
+        raise FrameError("a SLICES frame of the wrong length")
+    iteration, total, count = _SLICES_HEAD.unpack_from(body)
+    if count < 0 or len(body) != 24 + 24 * count:
+        raise FrameError("a SLICES frame of the wrong length")
+    return iteration, total, np.frombuffer(body, "<i8", 3 * count, 24).reshape(3, count)
+
+
 def alloc_lines(body) -> List[Tuple[int, bytes]]:
     """(rank, its ``alloc`` line) of each worker of a SLICES frame."""
-    iteration, total, count = _SLICES_HEAD.unpack_from(body)
-    if len(body) != 24 + 24 * count:
-        raise FrameError("a SLICES frame of the wrong length")
-    data = np.frombuffer(body, "<i8", 3 * count, 24).reshape(3, count).tolist()
+    iteration, total, data = read_slices(body)
+    data = data.tolist()
     line = P.alloc_line
     return [(r, line(iteration, o, s, total)) for r, o, s in zip(*data)]
 
@@ -199,6 +208,71 @@ def encode_rows(items: Sequence[Tuple[int, dict, float]]) -> List[bytes]:
                 parts += [np.array([len(x) for x in texts], dtype="<i8").tobytes(),
                           blob, b"\0" * _pad(len(blob))]
         out.append(frame(ROWS, b"".join(parts)))
+    return out
+
+
+def rows_head(body) -> Tuple[int, int, int]:
+    """(what: 0 reports, 1 dones; its row count; its iteration) of a ROWS body."""
+    if len(body) < _ROWS_HEAD.size:
+        raise FrameError("a section shorter than its head")
+    what, _, k, t, _ = _ROWS_HEAD.unpack_from(body)
+    return what, k, t
+
+
+def merge_rows(parts: Sequence[Tuple[bytes, float]]) -> List[bytes]:
+    """ROWS frames of the sections ``parts``, (ROWS body, seconds it has waited since it was
+    read), as few as there are kinds of section (type, iteration and columns): one section of
+    all their rows, in the order the parts came, each row's wait grown by its part's. What a
+    hub (:mod:`mxlbbsp.relay.hub`) sends for its relays' sections; the rows read back as they
+    were sent. FrameError for a malformed body."""
+    groups: Dict[tuple, list] = {}
+    for body, waited in parts:
+        try:
+            what, ncols, k, t, names_len = _ROWS_HEAD.unpack_from(body)
+            names = body[_ROWS_HEAD.size:_ROWS_HEAD.size + names_len]
+            at = _ROWS_HEAD.size + names_len + _pad(names_len)
+            block = np.frombuffer(body, "<i8", (2 + _signature(names).numeric) * k,
+                                  at).reshape(-1, k)
+        except (struct.error, ValueError) as exc:
+            raise FrameError(f"a malformed section ({exc})") from None
+        groups.setdefault((what, ncols, t, names), []).append(
+            (k, block, body[at + block.nbytes:], waited))
+    out = []
+    for (what, ncols, t, names), items in groups.items():
+        block = np.concatenate([b for _, b, _, _ in items], axis=1)
+        if any(w for _, _, _, w in items):
+            block[1].view("<f8")[:] += np.repeat([w for _, _, _, w in items],
+                                                 [k for k, _, _, _ in items])
+        parts_out = [_ROWS_HEAD.pack(what, ncols, block.shape[1], t, len(names)),
+                     names + b"\0" * _pad(len(names)), block.tobytes()]
+        if len(items) == 1:
+            parts_out.append(items[0][2])
+        else:
+            parts_out += _merge_texts([(k, tail) for k, _, tail, _ in items],
+                                      _signature(names))
+        out.append(frame(ROWS, b"".join(parts_out)))
+    return out
+
+
+def _merge_texts(items: List[Tuple[int, bytes]], sig: "_Signature") -> List[bytes]:
+    """The ``j`` columns of several sections' tails (what follows their int64 blocks), as
+    one section's."""
+    columns: List[Tuple[list, list]] = [([], []) for kind in sig.kinds if kind == "j"]
+    for k, tail in items:
+        at = 0
+        for lengths_all, blobs in columns:
+            lengths = np.frombuffer(tail, "<i8", k, at)
+            at += 8 * k
+            size = int(lengths.sum())
+            lengths_all.append(lengths)
+            blobs.append(tail[at:at + size])
+            at += size + _pad(size)
+        if at != len(tail):
+            raise FrameError("a section of the wrong length")
+    out = []
+    for lengths_all, blobs in columns:
+        blob = b"".join(blobs)
+        out += [np.concatenate(lengths_all).astype("<i8").tobytes(), blob, b"\0" * _pad(len(blob))]
     return out
 
 
