@@ -85,6 +85,8 @@ import _hosts  # noqa: E402
 from mxlbbsp.core import protocol as P  # noqa: E402
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.control.coordinator import CoordinatorConfig  # noqa: E402
+from launcher.config import HUB_FROM  # noqa: E402
+from mxlbbsp.relay.hub import RELAYS_PER_HUB  # noqa: E402
 
 SIZES = [16, 64, 256, 1024]
 #: simulated workers per emulated host (behind its relay); 0: every worker connected directly
@@ -272,13 +274,16 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
             processes: Optional[int] = None, skip: int = 5, seed: int = 0,
             profile: bool = False, metrics: bool = True, instrument: bool = False,
             predictor: Optional[str] = None, nice: int = 0,
-            placement: str = "pinned", per_host: int = PER_HOST, per_hub: int = 0) -> dict:
+            placement: str = "pinned", per_host: int = PER_HOST,
+            per_hub: Optional[int] = None) -> dict:
     """Run the coordinator with ``n`` simulated workers; returns the latency/CPU summary.
 
     ``placement``: ``pinned`` runs the coordinator thread on the first core and the simulated
     workers on the others (as on a real cluster, where the workers are other machines);
     ``shared`` lets Linux schedule all of them on all cores. ``per_host``: workers per
-    emulated host, behind its relay (0 or 1: every worker connected directly)."""
+    emulated host, behind its relay (0 or 1: every worker connected directly); ``per_hub``:
+    relays per hub (0 or 1: none; None: as ``mxlbbsp launch --hubs auto``, RELAYS_PER_HUB
+    from HUB_FROM relays)."""
     if placement not in ("pinned", "shared"):
         raise ValueError(f"placement must be pinned or shared, not {placement!r}")
     B = 64 * n
@@ -318,6 +323,8 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 hosts, addresses = _hosts.plan(n, per_host)
                 where = dict(enumerate(addresses))
                 upstream = addr
+                if per_hub is None:
+                    per_hub = RELAYS_PER_HUB if len(hosts) >= HUB_FROM else 0
                 if per_hub > 1:              # their hubs first, in a process of their own
                     hub_list, upstream = _hosts.hub_plan(hosts, per_hub)
                     hub_pipe, child = ctx.Pipe(duplex=False)
@@ -423,7 +430,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         "client_cpus": sorted(client_cpus) if client_cpus else None,
     }
     out["per_host"] = per_host if per_host > 1 else None
-    out["per_hub"] = per_hub if per_host > 1 and per_hub > 1 else None
+    out["per_hub"] = per_hub if per_host > 1 and per_hub and per_hub > 1 else None
     if hub_stats is not None:
         out["hubs"] = len(hub_list)
         out["hubs_cpu_ms_per_iteration"] = _hosts.hub_cpu(hub_stats, skip)
@@ -543,6 +550,10 @@ def main():
     p.add_argument("--per-host", type=int, default=PER_HOST, metavar="K",
                    help=f"simulated workers per emulated host, behind its relay ({PER_HOST}; "
                         "0: every worker connected directly)")
+    p.add_argument("--per-hub", type=int, default=None, metavar="G",
+                   help="relays per hub (0: none; default: as `mxlbbsp launch --hubs auto`, "
+                        "8 from 64 relays): the hubs run in a process of their own on the "
+                        "client cores, as on the launcher's machine's other cores")
     p.add_argument("--client-smoke", action="store_true",
                    help="4 workers, 5 iterations, print the result (no file written)")
     C.add_smoke(p)
@@ -560,7 +571,7 @@ def main():
     if args.predictors:
         variants = {name: (lambda n, a, name=name: measure(
             n, iters, arrival=a, compute_ms=args.compute_ms, predictor=name,
-            per_host=args.per_host))
+            per_host=args.per_host, per_hub=args.per_hub))
             for name in args.predictors.split(",")}
         side_by_side(variants, sizes, arrivals, iters, args.rounds,
                      "coordinator_scale_predictors", "predictor", wait=not args.quick)
@@ -579,7 +590,7 @@ def main():
             variants = {
                 "this tree": lambda n, a: measure(n, iters, arrival=a,
                                                   compute_ms=args.compute_ms,
-                                                  per_host=args.per_host),
+                                                  per_host=args.per_host, per_hub=args.per_hub),
                 args.baseline: lambda n, a: in_tree(tree, n, a, iters, args.compute_ms,
                                                      args.per_host)}
             side_by_side(variants, sizes, arrivals, iters, args.rounds,
@@ -599,7 +610,7 @@ def main():
             C.progress(f"{n} workers, {arrival}, {placement} (load {S.load():.1f})")
             r = measure(n, iters, arrival=arrival, compute_ms=args.compute_ms,
                         processes=args.processes, placement=placement,
-                        per_host=args.per_host)
+                        per_host=args.per_host, per_hub=args.per_hub)
             C.progress(f"  latency median {r['latency_ms']['median']:.2f} ms, p99 "
                        f"{r['latency_ms']['p99']:.2f} ms; server "
                        f"{r['server_alloc_ms']['median']:.2f} ms; CPU "
@@ -611,12 +622,12 @@ def main():
             C.progress(f"timing the coordinator's phases with {n} workers ({arrival})")
             r = measure(n, min(iters, 100), arrival=arrival, compute_ms=args.compute_ms,
                         processes=args.processes, instrument=True,
-                        placement=args.placement, per_host=args.per_host)
+                        placement=args.placement, per_host=args.per_host, per_hub=args.per_hub)
             breakdowns[f"{n} {arrival}"] = r["breakdown_ms"]
         C.progress(f"profiling the coordinator with {n} workers (burst, cProfile)")
         r = measure(n, min(iters, 60), arrival="burst", compute_ms=args.compute_ms,
                     processes=args.processes, profile=True, placement=args.placement,
-                    per_host=args.per_host)
+                    per_host=args.per_host, per_hub=args.per_hub)
         profiles[str(n)] = r.pop("profile")
         path = C.RESULTS / f"{name}_profile_{n}.txt"
         path.write_text(profiles[str(n)])
@@ -745,12 +756,19 @@ def _relay_path(rs) -> str:
 
 
 def _relay_cpu(rs) -> str:
-    """The relays' CPU per iteration, all of them (per relay); '-': no relays."""
+    """The relays' CPU per iteration, all of them (per relay), and the hubs' (per hub);
+    '-': no relays."""
     xs = [(x["relays_cpu_ms_per_iteration"], x["relay_cpu_ms_per_iteration"]) for x in rs
           if x.get("relays_cpu_ms_per_iteration") is not None]
     if not xs:
         return "-"
-    return f"{np.median([a for a, _ in xs]):.2f} ms ({np.median([b for _, b in xs]):.3f} ms)"
+    text = f"{np.median([a for a, _ in xs]):.2f} ms ({np.median([b for _, b in xs]):.3f} ms)"
+    hubs = [(x["hubs_cpu_ms_per_iteration"], x["hub_cpu_ms_per_iteration"], x["hubs"])
+            for x in rs if x.get("hubs")]
+    if hubs:
+        text += (f"; {hubs[0][2]} hubs {np.median([a for a, _, _ in hubs]):.2f} ms "
+                 f"({np.median([b for _, b, _ in hubs]):.3f} ms)")
+    return text
 
 
 def _writer_cpu(rs) -> str:
