@@ -552,7 +552,7 @@ def main():
                         "0: every worker connected directly)")
     p.add_argument("--per-hub", type=int, default=None, metavar="G",
                    help="relays per hub (0: none; default: as `mxlbbsp launch --hubs auto`, "
-                        "8 from 64 relays): the hubs run in a process of their own on the "
+                        "8 from 32 relays): the hubs run in a process of their own on the "
                         "client cores, as on the launcher's machine's other cores")
     p.add_argument("--client-smoke", action="store_true",
                    help="4 workers, 5 iterations, print the result (no file written)")

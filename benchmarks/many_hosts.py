@@ -1,16 +1,19 @@
 """Many emulated hosts on this machine: a real job of 64 workers on 8 hosts, each host's
-workers behind its relay (issue 26), end to end, and its metrics in `mxlbbsp report`.
+workers behind its relay and the relays behind a hub (issue 26), end to end, and its metrics
+in `mxlbbsp report`.
 
 The hosts are 127.0.0.1 .. 127.0.0.H, reached over SSH through a private sshd of their own
 (tests/sshd.py: its own keys and port, loopback only; installed from Debian's packages when
 missing), with a hostfile of K slots each: the launcher starts every role as on a cluster
 (a guard per role at the end of an SSH session), a relay on each host (``--relay on``),
-and each host's workers reach their relay through its Unix socket. The model is tiny (an
+and each host's workers reach their relay through its Unix socket; the relays reach the
+coordinator through a hub on this machine (``--hubs on``, the default here; ``--hubs off``:
+directly). The model is tiny (an
 MLP on sklearn's digits, global batch 4 per worker) so that 64 MXNet processes fit on 2
 cores; what it shows is that the path works at this size, not speed.
 
-Checked: the job ends with exit 0; the launcher started H relays, which forecast their
-workers' speeds (the coordinator's ``-v`` line); the metrics file holds one
+Checked: the job ends with exit 0; the launcher started H relays (and the hubs), which
+forecast their workers' speeds (the coordinator's ``-v`` line); the metrics file holds one
 record per worker per iteration, with each worker's host; ``mxlbbsp report`` reads it and
 writes its report. Recorded: the wall time, the time to the first iteration, the
 iterations' pace, and the coordinator's summary.
@@ -35,6 +38,7 @@ import _suite as S
 
 sys.path.insert(0, str(C.ROOT / "tests"))
 from sshd import Sshd, ensure_installed  # noqa: E402
+from mxlbbsp.relay.hub import RELAYS_PER_HUB  # noqa: E402
 
 
 def main() -> None:
@@ -42,6 +46,9 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=8, help="emulated hosts, 127.0.0.1 .. (8)")
     p.add_argument("--per-host", type=int, default=8, help="workers per host (8)")
     p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--hubs", choices=["on", "off"], default="on",
+                   help="the relays reach the coordinator through hubs (on: the default) or "
+                        "directly")
     p.add_argument("--timeout", type=float, default=1800, help="seconds for the whole job")
     C.add_smoke(p)
     args = p.parse_args()
@@ -65,7 +72,8 @@ def main() -> None:
             marker = uuid.uuid4().hex
             argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-H", str(hostfile),
                     *sshd.launch_options(), "--env", f"MXLBBSP_TEST_MARK={marker}",
-                    "--metrics", str(metrics), "--progress", "10", "--relay", "on", "-v", "--",
+                    "--metrics", str(metrics), "--progress", "10", "--relay", "on", "--hubs", args.hubs, "-v",
+                    "--",
                     C.PY, str(C.EXAMPLE), "--model", "mlp", "--data", "digits",
                     "--batch-size", str(4 * n), "--epochs", "1000",
                     "--iterations", str(args.iterations), "--log-interval", "0"]
@@ -90,7 +98,9 @@ def main() -> None:
     pace = _pace(rows)
     table = (f"A real job on this machine: {n} workers on {args.hosts} emulated hosts "
              f"(127.0.0.1 .. 127.0.0.{args.hosts}, {args.per_host} slots each) over SSH through "
-             f"a private sshd, a relay on each host (--relay on), 1 server; an MLP on "
+             f"a private sshd, a relay on each host (--relay on), "
+             f"{'the relays behind hubs (--hubs on)' if args.hubs == 'on' else 'no hub'}, "
+             f"1 server; an MLP on "
              f"digits, global batch {4 * n}, {args.iterations} iterations.\n\n"
              "| check | result |\n|---|---|\n"
              + "\n".join(f"| {name} | {'yes' if ok else 'NO'}: {detail} |"
@@ -116,14 +126,18 @@ def check(args, n: int, output: str, rows, report, folder: Path):
         per_iteration.setdefault(r["iteration"], set()).add(r["rank"])
     whole = [t for t, ranks in per_iteration.items() if ranks == set(range(n))]
     hosts = {r["host"] for r in rows}
-    relays = re.search(r"started (\d+) worker\(s\), (\d+) relay\(s\)", output)
-    forecast = re.search(r"the relays of (\d+) host\(s\) forecast their (\d+) workers", output)
+    relays = re.search(r"started (\d+) worker\(s\), (\d+) relay\(s\)( through (\d+) hub)?",
+                       output)
+    hubs = -(-args.hosts // RELAYS_PER_HUB) if args.hubs == "on" else 0
+    forecast = re.search(r"the relays \((\d+) connection\(s\)\) forecast their (\d+) workers",
+                         output)
     return [
-        ("the launcher started a relay per host",
-         bool(relays) and relays.groups() == (str(n), str(args.hosts)),
+        ("the launcher started a relay per host" + (f" and {hubs} hub(s)" if hubs else ""),
+         bool(relays) and relays.group(1, 2) == (str(n), str(args.hosts))
+         and relays.group(4) == (str(hubs) if hubs else None),
          relays[0] if relays else "no relay started"),
         ("the relays forecast their workers (-v's line)",
-         bool(forecast) and forecast.groups() == (str(args.hosts), str(n)),
+         bool(forecast) and forecast.groups() == (str(hubs or args.hosts), str(n)),
          forecast[0] if forecast else "no such line"),
         ("one record per worker per iteration", len(whole) == len(per_iteration) >= 2
          and len(rows) == n * len(per_iteration),

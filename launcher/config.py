@@ -44,10 +44,11 @@ RELAY_FROM = 64
 #: --hubs: the hosts' relays reach the coordinator through hubs (mxlbbsp.relay.hub, on this
 #: machine, RELAYS_PER_HUB relays each) (on), directly (off), or through hubs from HUB_FROM
 #: relays up (auto): at 1024 workers, 8 to a host, the coordinator's CPU per iteration is
-#: less than half with hubs (benchmarks/results/coordinator_scale_hubs.md); at 256 it is
-#: small without, and a hub is one more hop
+#: less than half with hubs, at 256 (32 relays) 0.65x and its p99 latency 0.7-0.9x, the
+#: relay-to-relay latency the same (the hop costs what the coordinator saves)
+#: (benchmarks/results/coordinator_scale_hubs.md)
 HUB_CHOICES = ("auto", "on", "off")
-HUB_FROM = 64
+HUB_FROM = 32
 
 
 def _cwd() -> str:

@@ -150,15 +150,21 @@ def job(tmp_path):
     of one worker connects directly, as the launcher's --relay on does)."""
     made = []
 
-    def make(n, hosts, sync="lbbsp", **kw):
+    def make(n, hosts, sync="lbbsp", hub=False, **kw):
         kw.setdefault("metrics_path", str(tmp_path / f"m{len(made)}.jsonl"))
         c = Coordinator(CoordinatorConfig(num_workers=n, token=TOKEN, sync=sync, **kw))
         c.start()
         made.append(c)
         relays, addresses = [], []
+        up = None
+        if hub:                 # the relays reach the coordinator through a hub: relays[0]
+            grouped = [k for k in hosts if k > 1]
+            relays.append(HubThread(c, "hub-0", len(grouped), sum(grouped)))
+            made.append(relays[0])
+            up = relays[0].upstream
         for h, k in enumerate(hosts):
             if k > 1:
-                relay = RelayThread(c, f"host{h}", k)
+                relay = RelayThread(c, f"host{h}", k, upstream=up)
                 relays.append(relay)
                 made.append(relay)
                 addresses += [relay.address] * k
@@ -361,6 +367,32 @@ def test_a_hosts_dones_leave_with_its_next_reports_but_not_at_a_checkpoint(tmp_p
     # writes of either kind may take another shape.)
     assert 2 * (19 - 3) - 8 <= len(pairs) <= 2 * (19 - 3), writes
     assert 2 * 3 - 1 <= len(alone) <= 2 * 4, writes
+
+
+def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):
+    """Through a hub, the coordinator reads one write per iteration for its relays (their
+    dones of t and reports of t + 1 merged into one section each), and the same splits."""
+    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "m.jsonl"))
+    (splits, _), c, relays = _through([3, 3, 2], config, hub=True, iterations=20, pause=0.05)
+    hub = relays[0]
+    assert isinstance(hub, Hub) and len(c.links.relays) == 1
+    # 20 iterations: a write per iteration (the first with the hellos, the last with the
+    # byes: a few more), two sections in each
+    assert 20 <= hub.writes_up <= 20 + 12, hub.writes_up
+    assert hub.sections_in >= 3 * hub.sections_up - 6, (hub.sections_in, hub.sections_up)
+    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
+    assert splits == _through([1] * 8, direct, iterations=20, pause=0.05)[0][0]
+
+
+def test_a_relay_behind_a_hub_that_goes_away_fails_the_job_naming_its_workers(job):
+    c, ss, relays = job(4, [2, 2], hub=True)
+    run_iteration(ss, [0.05] * 4)
+    relays[2].loop.call_soon_threadsafe(relays[2].relay._up.abort)     # host1's relay
+    deadline = time.monotonic() + 5
+    while c.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.failure in (f"worker {r} lost its connection to the coordinator before it "
+                         "finished" for r in (2, 3)), c.failure
 
 
 def test_a_malformed_report_through_a_relay_fails_the_job_naming_the_worker(job):

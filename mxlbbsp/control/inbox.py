@@ -152,7 +152,7 @@ class Inbox:
                         "state": None if full is None else speed.part_of(full, ranks)}
             # a predictor's state may hold NaN: plain JSON, not the protocol's lines
             relay.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": forecast}).encode()))
-        log.debug("the relays of %d host(s) forecast their %d workers (%s); the coordinator "
+        log.debug("the relays (%d connection(s)) forecast their %d workers (%s); the coordinator "
                   "the other %d", len(relays), int(speed.remote.sum()), speed.predictor_name,
                   len(speed.local))
 

@@ -1,5 +1,7 @@
 """Binary frames between a host's relay (:mod:`mxlbbsp.relay`) and the coordinator, and the
-columnar batch of reports or dones that both sides hand around (:class:`Rows`).
+columnar batch of reports or dones that both sides hand around (:class:`Rows`). A hub
+(:mod:`mxlbbsp.relay.hub`) speaks them with both: to its relays it is the coordinator, to
+the coordinator one relay, whose sections are its relays' merged (:func:`merge_rows`).
 
 A relay opens one TCP connection to the coordinator and says hello in one JSON line
 (:func:`mxlbbsp.core.protocol.relay_hello`, with the job's token); from then on both

@@ -1,8 +1,10 @@
-"""The relay layer: one process per host with two or more workers (``python -m mxlbbsp.relay``).
+"""The relay layer: one process per host with two or more workers (``python -m mxlbbsp.relay``),
+and in large jobs hubs, relays of relays (``python -m mxlbbsp.relay.hub``).
 
-Its workers talk to it as to the coordinator; it talks to the coordinator in one connection,
-a host's reports and dones of an iteration in one binary frame each (:mod:`.relay`).
+Its workers talk to a relay as to the coordinator; it talks to the coordinator (or its hub)
+in one connection, a host's reports and dones of an iteration in one binary frame each
+(:mod:`.relay`); a hub merges its relays' frames of an iteration into one each (:mod:`.hub`).
 
-Rule (import-linter): imports core only (stdlib and numpy): no MXNet, no modes, predictors or
-control.
+Rule (import-linter): imports core and predictors only (stdlib and numpy): no MXNet, no
+modes or control.
 """

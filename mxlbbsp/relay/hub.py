@@ -60,6 +60,8 @@ CONNECT_S = 60.0
 HELLO_S = 30.0
 #: ``mxlbbsp launch --hubs``: the hosts' relays per hub
 RELAYS_PER_HUB = 8
+#: refused connections warned about one by one, then only counted
+REFUSALS_SHOWN = 5
 
 
 class _Section:
@@ -97,6 +99,7 @@ class Hub:
         self._server = None
         self._done: Optional[asyncio.Future] = None
         self._up_closed: Optional[asyncio.Future] = None
+        self.refused = 0
         self.writes_up = 0                      # statistics (tests, benchmarks)
         self.sections_in = self.sections_up = 0
 
@@ -382,7 +385,9 @@ class _RelayLink(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, reason: str) -> None:
-        log.warning("%s refused a connection: %s", self.hub.name, reason)
+        self.hub.refused += 1
+        if self.hub.refused <= REFUSALS_SHOWN:
+            log.warning("%s refused a connection: %s", self.hub.name, reason)
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
