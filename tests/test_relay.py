@@ -81,6 +81,34 @@ def test_a_malformed_section_is_a_frame_error():
         F.split_frames(bytearray(F.HEADER.pack(F.ROWS, F.MAX_FRAME + 1)))
 
 
+def test_a_hubs_merged_sections_read_back_as_its_relays_sections():
+    """frames.merge_rows: one section per kind of section (type, iteration, columns), the
+    rows in the order of the parts, each one's wait grown by its part's; JSON columns too."""
+    def body(items):
+        return [b for _, b in F.split_frames(bytearray(b"".join(F.encode_rows(items))))[0]]
+    a = body([(0, _report(3, 0, note={"x": 0}), 0.001), (1, _report(3, 1, note=[1]), 0.002)])
+    b = body([(2, _report(3, 2, note="two"), 0.0), (5, _report(3, 5), 0.0)])  # 5: no note
+    c = body([(4, P.done(3, 0.1, 0.2, 0.3), 0.0)])
+    merged = F.merge_rows([(a[0], 0.5), (b[0], 0.25), (c[0], 0.0), (b[1], 0.125)])
+    parsed = F.split_frames(bytearray(b"".join(merged)))[0]
+    assert [k for k, _ in parsed] == [F.ROWS] * 3
+    sections = [F.decode_rows(x, 10.0) for _, x in parsed]
+    assert [(r.what, r.ranks.tolist()) for r in sections] == \
+        [("report", [0, 1, 2]), ("done", [4]), ("report", [5])]
+    assert (10.0 - sections[0].received).tolist() == pytest.approx([0.501, 0.502, 0.25])
+    assert (10.0 - sections[2].received).tolist() == pytest.approx([0.125])
+    notes = {0: {"x": 0}, 1: [1], 2: "two"}
+    for rows in sections:
+        for rank, msg in zip(rows.ranks.tolist(), rows.dicts()):
+            msg.pop("time", None)
+            want = P.done(3, 0.1, 0.2, 0.3) if rank == 4 else _report(3, rank)
+            if rank in notes:
+                want["note"] = notes[rank]
+            assert msg == want
+    with pytest.raises(F.FrameError):
+        F.merge_rows([(a[0][:-8], 0.0), (b[0], 0.0)])
+
+
 def test_slices_frames_carry_each_workers_alloc_line():
     frame = F.slices_frame(7, 100, np.array([4, 9]), np.array([10, 60]), np.array([5, 40]))
     (kind, body), = F.split_frames(bytearray(frame))[0]

@@ -250,8 +250,11 @@ def merge_rows(parts: Sequence[Tuple[bytes, float]]) -> List[bytes]:
         if len(items) == 1:
             parts_out.append(items[0][2])
         else:
-            parts_out += _merge_texts([(k, tail) for k, _, tail, _ in items],
-                                      _signature(names))
+            try:
+                parts_out += _merge_texts([(k, tail) for k, _, tail, _ in items],
+                                          _signature(names))
+            except ValueError as exc:
+                raise FrameError(f"a malformed section ({exc})") from None
         out.append(frame(ROWS, b"".join(parts_out)))
     return out
 

@@ -310,7 +310,10 @@ class Hub:
             else:
                 # the relays in one order: the same rank order every iteration
                 parts = sorted(item.parts, key=lambda part: part[0])
-                merged = F.merge_rows([(body, now - at) for _, body, at in parts])
+                try:
+                    merged = F.merge_rows([(body, now - at) for _, body, at in parts])
+                except F.FrameError:        # as they came: the coordinator says what is wrong
+                    merged = [F.frame(F.ROWS, body) for _, body, _ in parts]
                 self.sections_up += len(merged)
                 out += merged
         self._pending, self._open, self._last_of = [], {}, {}
