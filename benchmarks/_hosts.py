@@ -79,11 +79,32 @@ def hub_plan(hosts, per_hub: int) -> Tuple[list, List[str]]:
 
 
 class TimedHub(Hub):
-    """A hub that notes its process's CPU time when its SLICES frames arrive."""
+    """A hub that notes its process's CPU time when its SLICES frames arrive, and per
+    iteration when its merged section of reports left and how long after its last relay's
+    section of them was read (its own share of the path)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.cpu: List[Tuple[int, float]] = []
+        self.sent: Dict[int, float] = {}
+        self.path: Dict[int, float] = {}
+        self._read: Dict[int, float] = {}
+
+    def _add(self, link, body) -> None:
+        what, _, t = F.rows_head(body)
+        if what == 0:
+            self._read[t] = time.perf_counter()
+        super()._add(link, body)
+
+    def flush(self) -> None:
+        reports = [item.key[1] for item in self._pending
+                   if not isinstance(item, bytes) and item.key[0] == 0]
+        super().flush()
+        now = time.perf_counter()
+        for t in reports:
+            self.sent[t] = now
+            if t in self._read:
+                self.path[t] = now - self._read.pop(t)
 
     def on_frame(self, kind, body) -> None:
         if kind == F.SLICES and self.cpu is not None:
@@ -117,10 +138,23 @@ async def _hubs(upstream, token, hubs, conn) -> dict:
         await asyncio.sleep(0.01)
     conn.send(("ready", None))
     codes = await asyncio.gather(*tasks)
-    return {"codes": codes, "cpu": running[0].cpu,
+    return {"codes": codes, "cpu": running[0].cpu, "sent": [h.sent for h in running],
+            "path": [h.path for h in running],
             "writes_up": sum(h.writes_up for h in running),
             "sections_in": sum(h.sections_in for h in running),
             "sections_up": sum(h.sections_up for h in running)}
+
+
+def hub_path(stats: dict, iterations: int, skip: int) -> List[float]:
+    """Per iteration, the own path (ms) of the hub whose merged section of reports left
+    last: its last relay's section read to its write."""
+    out = []
+    for t in range(skip, iterations):
+        sent = [s.get(t, -1.0) for s in stats["sent"]]
+        last = stats["path"][int(np.argmax(sent))].get(t)
+        if max(sent) >= 0 and last is not None:
+            out.append(1000 * last)
+    return out
 
 
 def hub_cpu(stats: dict, skip: int) -> float:

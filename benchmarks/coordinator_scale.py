@@ -436,6 +436,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         out["hubs_cpu_ms_per_iteration"] = _hosts.hub_cpu(hub_stats, skip)
         out["hub_cpu_ms_per_iteration"] = out["hubs_cpu_ms_per_iteration"] / len(hub_list)
         out["hub_writes_per_iteration"] = hub_stats["writes_up"] / max(iterations, 1)
+        out["hub_path_ms"] = _stats(_hosts.hub_path(hub_stats, iterations, skip))
     if relay_stats is not None:
         hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts))
         out["relay_latency_ms"] = _stats(hosted.pop("relay_latency_ms"))
@@ -705,7 +706,8 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what,
                     C.progress(f"  p99 {res['latency_ms']['p99']:.2f} ms")
     rows = [f"| workers, arrival | {what} | allocation latency p99 per round | median of "
             "the rounds' p99 | median of the rounds' medians | relay to relay: median of the "
-            "rounds' p99 | server-side median / p99 | the last relay's own path median / p99 | "
+            "rounds' p99 | server-side median / p99 | the last relay's own path median / p99 "
+            "(and the last hub's) | "
             "coordinator CPU per iteration | its metrics "
             "writer's CPU per iteration | relays' CPU per iteration (per relay) | final split "
             "as the other's |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -722,7 +724,7 @@ def side_by_side(variants: dict, sizes, arrivals, iters, rounds, name, what,
                         f"{_relay_latency(rs)} | "
                         f"{np.median([x['server_alloc_ms']['median'] for x in rs]):.2f} / "
                         f"**{np.median([x['server_alloc_ms']['p99'] for x in rs]):.2f} ms** | "
-                        f"{_relay_path(rs)} | "
+                        f"{_relay_path(rs)}{_hub_path(rs)} | "
                         f"{np.median([x['cpu_ms_per_iteration'] for x in rs]):.2f} ms | "
                         f"{_writer_cpu(rs)} | {_relay_cpu(rs)} | {same} |")
     table = (f"The runs of `coordinator_scale.py` (pinned, {iters} iterations, first 5 left "
@@ -743,6 +745,16 @@ def _relay_latency(rs) -> str:
         return "-"
     return (f"{np.median([x['median'] for x in xs]):.2f} / "
             f"**{np.median([x['p99'] for x in xs]):.2f} ms**")
+
+
+def _hub_path(rs) -> str:
+    """The last hub's own path (its last relay's section of reports read to its merged
+    section written): median / p99 of the runs' medians and p99s; '' without hubs."""
+    xs = [x["hub_path_ms"] for x in rs if x.get("hub_path_ms")]
+    if not xs:
+        return ""
+    return (f"; the last hub's {np.median([x['median'] for x in xs]):.2f} / "
+            f"{np.median([x['p99'] for x in xs]):.2f} ms")
 
 
 def _relay_path(rs) -> str:
