@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import threading
 import time
@@ -194,6 +195,11 @@ class Coordinator(Inbox):
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 
+        # What this process holds by now (modules, the job's setup) lives as long as it
+        # does: out of the cyclic collector's reach, so that its full collections scan only
+        # what came since (at 1024 workers one took 7.5 ms, 0.5 ms after this, in the
+        # metrics writer's thread, which holds the GIL the coordinator's needs to answer)
+        gc.freeze()
         self._thread = threading.Thread(target=run, name="mxlbbsp-coordinator", daemon=True)
         self._thread.start()
         ready.wait()
