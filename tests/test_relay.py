@@ -405,8 +405,8 @@ def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):
     hub = relays[0]
     assert isinstance(hub, Hub) and len(c.links.relays) == 1
     # 20 iterations: a write per iteration (the first with the hellos, the last with the
-    # byes: a few more)
-    assert 20 <= hub.writes_up <= 20 + 12, hub.writes_up
+    # byes, and a relay read late by a loaded machine: a few more), not one per relay (60)
+    assert 20 <= hub.writes_up <= 40, hub.writes_up
     # 3 relays' sections merged (a few left apart when a relay was read late: not 3x)
     assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
     direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
