@@ -355,14 +355,18 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
     saved = states[str([3, 3])]["coordinator-00000029.json"]
     resumed = {}
     for hosts, state in (([1] * 6, saved), ([2, 4], saved), ([3, 3], saved),
+                         ("hub", states["hub"]["coordinator-00000029.json"]),
                          ("afresh", dict(saved, predictor_name=None))):
         config = CoordinatorConfig(
             num_workers=6, token=TOKEN,
             resume_manifest={"iteration": 29, "global_batch_size": 64}, resume_state=state,
             metrics_path=str(tmp_path / f"resumed{len(resumed)}.jsonl"))
-        resumed[str(hosts)] = _through([1] * 6 if hosts == "afresh" else hosts, config,
+        placed = {"afresh": [1] * 6, "hub": [2, 4]}.get(hosts, hosts) \
+            if isinstance(hosts, str) else hosts
+        resumed[str(hosts)] = _through(placed, config, hub=hosts == "hub",
                                        iterations=10, start=30)[0]
     assert resumed[str([2, 4])] == resumed[direct] and resumed[str([3, 3])] == resumed[direct]
+    assert resumed["hub"] == resumed[direct]     # a hub's relays get their parts of the state
     assert resumed["afresh"][0] != resumed[direct][0]   # the predictor's state did count
     # from the split the checkpoint saved (iteration 30 is the restart's warm-up)
     assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["sizes"]
