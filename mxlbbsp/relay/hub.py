@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import socket
 import sys
 import time
@@ -51,17 +50,14 @@ from mxlbbsp import predictors as _pred
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
+from mxlbbsp.relay.uplink import Node
 
 log = logging.getLogger(__name__)
 
-#: how long the hub tries to reach the coordinator at its start
-CONNECT_S = 60.0
 #: a relay's connection without a hello for this long is closed
 HELLO_S = 30.0
 #: ``mxlbbsp launch --hubs``: the hosts' relays per hub
 RELAYS_PER_HUB = 8
-#: refused connections warned about one by one, then only counted
-REFUSALS_SHOWN = 5
 
 
 class _Section:
@@ -73,7 +69,7 @@ class _Section:
         self.key, self.index, self.parts = key, index, []
 
 
-class Hub:
+class Hub(Node):
     """A group of relays' hub (see the module docstring): ``await run()`` serves until it
     ends and returns the exit code. ``relays``: how many relays of the job connect to it;
     ``workers``: how many workers they serve in all."""
@@ -87,68 +83,20 @@ class Hub:
         self.child_of: Dict[int, "_RelayLink"] = {}    # rank -> its relay
         self.active: set = set()                # registered ranks that have not said bye
         self._config: Optional[bytes] = None    # the coordinator's first CONFIG, for late relays
-        self._up: Optional[asyncio.Transport] = None
-        self._up_buffer = bytearray()
-        self._pending: List[object] = []        # sections and frames, in arrival order
-        self._open: Dict[tuple, _Section] = {}
-        self._last_of: Dict[int, int] = {}      # relay id -> index of its latest pending item
-        self._seen: Dict[tuple, int] = {}       # (type, iteration) -> rows come
-        self._ahead: List[bytes] = []           # FORECAST, STATE: ahead of the next write
-        self._timer: Optional[asyncio.TimerHandle] = None
-        self._timer_at = 0.0
-        self._server = None
-        self._done: Optional[asyncio.Future] = None
-        self._up_closed: Optional[asyncio.Future] = None
-        self.refused = 0
-        self.writes_up = 0                      # statistics (tests, benchmarks)
-        self.sections_in = self.sections_up = 0
+        self.label = name
+        self._init_node()       # its pending stream: per relay; _seen: the rows come of each
+        self._server = None     # (type, iteration); _ahead: STATE frames
+        self.sections_in = self.sections_up = 0  # statistics (tests, benchmarks)
 
     # ---- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        self._done = loop.create_future()
-        self._up_closed = loop.create_future()
-        deadline = time.monotonic() + CONNECT_S
-        while True:
-            try:
-                if isinstance(self.upstream, str):
-                    await loop.create_unix_connection(lambda: _Upstream(self), self.upstream)
-                else:
-                    await loop.create_connection(lambda: _Upstream(self), *self.upstream)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise ConnectionError(f"cannot reach the coordinator at "
-                                          f"{P.format_address(self.upstream)}: {exc}") from None
-                await asyncio.sleep(0.2)
-        self._up.write(P.encode(P.relay_hello(self.token, self.name, self.expected,
-                                              os.getpid())))
-        factory = lambda: _RelayLink(self)      # noqa: E731
-        if isinstance(self.listen, str):
-            self._server = await loop.create_unix_server(factory, self.listen, backlog=1024)
-        else:
-            self._server = await loop.create_server(factory, *self.listen, backlog=1024)
-        try:
-            return await self._done
-        finally:
-            self._server.close()
-            for link in self.links:
-                link.transport.close()
-            if self._up is not None:
-                self.flush()
-                self._up.close()
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._up_closed), 5.0)
-                except asyncio.TimeoutError:
-                    pass
+        return await self._serve(self.upstream, self.listen, self.name, self.expected,
+                                 lambda: _RelayLink(self))
 
-    def _end(self, code: int, message: Optional[str] = None) -> None:
-        if message:
-            sys.stderr.write(f"mxlbbsp: error: {message}\n")
-            sys.stderr.flush()
-        if self._done is not None and not self._done.done():
-            self._done.set_result(code)
+    def _closing(self) -> None:
+        for link in self.links:
+            link.transport.close()
 
     def upstream_lost(self) -> None:
         if len(self.links) >= self.expected_relays and not self.active \
@@ -245,10 +193,8 @@ class Hub:
                 self._ahead.append(F.frame(kind, body))
             else:
                 raise F.FrameError(f"a frame of unknown kind {kind}")
-        if self.hold_s <= 0 or self._complete():
-            self._arm(0.0)
-        else:
-            self._arm(self.hold_s)
+        if self._pending:
+            self._arm(0.0 if self.hold_s <= 0 or self._complete() else self.hold_s)
 
     def on_lost(self, link: "_RelayLink") -> None:
         """A relay's connection closed: its workers that had not said bye are lost."""
@@ -281,48 +227,15 @@ class Hub:
         self._last_of[link.id] = len(self._pending)
         self._pending.append(data)
 
-    def _arm(self, delay: float) -> None:
-        """Flush within ``delay`` seconds (0: once this read is handled), or sooner if due."""
-        if not self._pending and not self._ahead:
-            return
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        if self._timer is not None:
-            if self._timer_at <= due:
-                return
-            self._timer.cancel()
-        self._timer_at = due
-        self._timer = loop.call_later(delay, self.flush) if delay > 0 \
-            else loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Everything pending to the coordinator, in order, in one write."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._pending and not self._ahead:
-            return
-        now = time.monotonic()
-        out, self._ahead = self._ahead, []
-        for item in self._pending:
-            if isinstance(item, bytes):
-                out.append(item)
-            else:
-                # the relays in one order: the same rank order every iteration
-                parts = sorted(item.parts, key=lambda part: part[0])
-                try:
-                    merged = F.merge_rows([(body, now - at) for _, body, at in parts])
-                except F.FrameError:        # as they came: the coordinator says what is wrong
-                    merged = [F.frame(F.ROWS, body) for _, body, _ in parts]
-                self.sections_up += len(merged)
-                out += merged
-        self._pending, self._open, self._last_of = [], {}, {}
-        if len(self._seen) > 8:                 # keep the latest iterations' only
-            latest = max(t for _, t in self._seen)
-            self._seen = {k: v for k, v in self._seen.items() if k[1] >= latest - 2}
-        if self._up is not None and not self._up.is_closing():
-            self.writes_up += 1
-            self._up.write(b"".join(out))
+    def _encode(self, section: _Section, now: float) -> List[bytes]:
+        # the relays in one order: the same rank order every iteration
+        parts = sorted(section.parts, key=lambda part: part[0])
+        try:
+            merged = F.merge_rows([(body, now - at) for _, body, at in parts])
+        except F.FrameError:            # as they came: the coordinator says what is wrong
+            merged = [F.frame(F.ROWS, body) for _, body, _ in parts]
+        self.sections_up += len(merged)
+        return merged
 
 
 def _type(line: bytes) -> Optional[str]:
@@ -331,36 +244,6 @@ def _type(line: bytes) -> Optional[str]:
         return P.decode(line).get("type")
     except P.ProtocolError:
         return None
-
-
-class _Upstream(asyncio.Protocol):
-    """The hub's connection to the coordinator: frames in."""
-
-    def __init__(self, hub: Hub):
-        self.hub = hub
-
-    def connection_made(self, transport) -> None:
-        self.hub._up = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self.hub._up_buffer
-        buffer += data
-        try:
-            frames, used = F.split_frames(buffer)
-            del buffer[:used]
-            for kind, body in frames:
-                self.hub.on_frame(kind, body)
-        except (F.FrameError, P.ProtocolError, ValueError, KeyError) as exc:
-            self.hub._end(1, f"{self.hub.name}: a malformed frame from the coordinator ({exc})")
-
-    def connection_lost(self, exc) -> None:
-        self.hub._up = None
-        if not self.hub._up_closed.done():
-            self.hub._up_closed.set_result(None)
-        self.hub.upstream_lost()
 
 
 class _RelayLink(asyncio.Protocol):
@@ -388,10 +271,7 @@ class _RelayLink(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, reason: str) -> None:
-        self.hub.refused += 1
-        if self.hub.refused <= REFUSALS_SHOWN:
-            log.warning("%s refused a connection: %s", self.hub.name, reason)
-        self.transport.close()
+        self.hub._refuse(self.transport, reason)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():

@@ -43,7 +43,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from typing import Dict, List, Optional
@@ -52,13 +51,10 @@ from mxlbbsp.core import env as _env
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
 from mxlbbsp.relay.forecast import Forecaster
+from mxlbbsp.relay.uplink import Node
 
 log = logging.getLogger(__name__)
 
-#: refused connections warned about one by one, then only counted
-REFUSALS_SHOWN = 5
-#: how long the relay tries to reach the coordinator at its start
-CONNECT_S = 60.0
 #: a worker's connection without a hello for this long is closed
 HELLO_S = 30.0
 
@@ -72,7 +68,7 @@ class _Section:
         self.key, self.index, self.rows, self.ranks = key, index, [], set()
 
 
-class Relay:
+class Relay(Node):
     """One host's relay (see the module docstring). ``await run()`` serves until it ends and
     returns the exit code. ``listen``: its address; ``upstream``: the coordinator's;
     ``workers``: how many workers of the job run on this host."""
@@ -85,23 +81,12 @@ class Relay:
         self.done_hold_s = 0.0
         self.checkpoint_every = 0            # the dones of a checkpoint's iteration: at once
         self.forecaster: Optional[Forecaster] = None   # the CONFIG's, when it sends one
-        self._ahead: List[bytes] = []        # FORECAST, STATE frames: ahead of the pending stream
         self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
         self.active: set = set()             # registered ranks that have not said bye
         self.registered = 0                  # workers that ever registered here
-        self.refused = 0
-        self._up: Optional[asyncio.Transport] = None
-        self._up_buffer = bytearray()
-        self._pending: List[object] = []     # sections and ready frames, in arrival order
-        self._open: Dict[tuple, _Section] = {}
-        self._last_of: Dict[int, int] = {}   # rank -> index of its latest pending item
-        self._seen: Dict[tuple, set] = {}    # (type, iteration) -> ranks that sent it
-        self._timer: Optional[asyncio.Handle] = None
-        self._timer_at = 0.0                 # when it flushes (the loop's clock)
-        self._server = None
-        self._done: Optional[asyncio.Future] = None
-        self._up_closed: Optional[asyncio.Future] = None
-        self.frames_up = 0                   # statistics (tests, benchmarks)
+        self.label = f"the relay of host {host}"
+        self._init_node()                    # its pending stream: per rank; _seen: the
+        self._server = None                  # ranks that sent each (type, iteration)
         self.sections_up = 0                 # sections sent (reports or dones of a t)
         self.messages_up = 0                 # reports and dones in them
         self.forecasts_ahead = 0             # FORECAST frames sent (a section left early)
@@ -109,43 +94,13 @@ class Relay:
     # ---- lifecycle --------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        self._done = loop.create_future()
-        self._up_closed = loop.create_future()
-        deadline = time.monotonic() + CONNECT_S
-        while True:
-            try:
-                if isinstance(self.upstream, str):
-                    await loop.create_unix_connection(lambda: _Upstream(self), self.upstream)
-                else:
-                    await loop.create_connection(lambda: _Upstream(self), *self.upstream)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise ConnectionError(f"cannot reach the coordinator at "
-                                          f"{P.format_address(self.upstream)}: {exc}") from None
-                await asyncio.sleep(0.2)
-        hello = P.relay_hello(self.token, self.host, self.expected, os.getpid())
-        self._up.write(P.encode(hello))
-        factory = lambda: _WorkerLink(self)      # noqa: E731
-        if isinstance(self.listen, str):
-            self._server = await loop.create_unix_server(factory, self.listen, backlog=1024)
-        else:
-            self._server = await loop.create_server(factory, *self.listen, backlog=1024)
-        try:
-            return await self._done
-        finally:
-            self._server.close()
-            self._unlink()
-            for link in list(self.workers.values()):
-                link.transport.close()
-            if self._up is not None:
-                self.flush()
-                self._up.close()        # once what is written has left
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._up_closed), 5.0)
-                except asyncio.TimeoutError:
-                    pass
+        return await self._serve(self.upstream, self.listen, self.host, self.expected,
+                                 lambda: _WorkerLink(self))
+
+    def _closing(self) -> None:
+        self._unlink()
+        for link in list(self.workers.values()):
+            link.transport.close()
 
     def _unlink(self) -> None:
         """Remove the socket's file (none in the abstract namespace): at the end, or once
@@ -155,13 +110,6 @@ class Relay:
                 os.unlink(self.listen)
             except OSError:
                 pass
-
-    def _end(self, code: int, message: Optional[str] = None) -> None:
-        if message:
-            sys.stderr.write(f"mxlbbsp: error: {message}\n")
-            sys.stderr.flush()
-        if self._done is not None and not self._done.done():
-            self._done.set_result(code)
 
     # ---- from the coordinator -----------------------------------------------------------
 
@@ -319,80 +267,13 @@ class Relay:
                or len(self._seen.get(item.key, ())) < active for item in self._pending):
             self._arm(self.hold_s)
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         self._arm(self.done_hold_s)
 
-    def _arm(self, delay: float) -> None:
-        """Flush within ``delay`` seconds (at once: 0), or sooner if already due."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        if self._timer is not None:
-            if self._timer_at <= due:
-                return
-            self._timer.cancel()
-        self._timer_at = due
-        self._timer = loop.call_later(delay, self.flush) if delay > 0 \
-            else loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Everything pending to the coordinator, in order, in one write."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._pending:
-            return
-        now = time.monotonic()
-        out, self._ahead = self._ahead, []
-        for item in self._pending:
-            if isinstance(item, bytes):
-                out.append(item)
-            else:
-                self.sections_up += 1
-                self.messages_up += len(item.rows)
-                out += F.encode_rows([(r, m, now - at) for r, m, at in item.rows])
-        self._pending, self._open, self._last_of = [], {}, {}
-        if len(self._seen) > 8:             # keep the latest iterations' only
-            latest = max(t for _, t in self._seen)
-            self._seen = {k: v for k, v in self._seen.items() if k[1] >= latest - 2}
-        self._send(out)
-
-    def _send(self, frames: List[bytes]) -> None:
-        self.frames_up += len(frames)
-        if self._up is not None and not self._up.is_closing():
-            self._up.write(b"".join(frames))
-
-
-class _Upstream(asyncio.Protocol):
-    """The relay's connection to the coordinator: frames in."""
-
-    def __init__(self, relay: Relay):
-        self.relay = relay
-
-    def connection_made(self, transport) -> None:
-        self.relay._up = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        buffer = self.relay._up_buffer
-        buffer += data
-        try:
-            frames, used = F.split_frames(buffer)
-            del buffer[:used]
-            for kind, body in frames:
-                self.relay.on_frame(kind, body)
-        except (F.FrameError, P.ProtocolError, ValueError) as exc:
-            self.relay._end(1, f"the relay of host {self.relay.host}: a malformed frame from "
-                               f"the coordinator ({exc})")
-
-    def connection_lost(self, exc) -> None:
-        self.relay._up = None
-        if not self.relay._up_closed.done():
-            self.relay._up_closed.set_result(None)
-        self.relay.upstream_lost()
+    def _encode(self, section: _Section, now: float) -> List[bytes]:
+        self.sections_up += 1
+        self.messages_up += len(section.rows)
+        return F.encode_rows([(r, m, now - at) for r, m, at in section.rows])
 
 
 class _WorkerLink(asyncio.Protocol):
@@ -415,11 +296,7 @@ class _WorkerLink(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, reason: str) -> None:
-        relay = self.relay
-        relay.refused += 1
-        if relay.refused <= REFUSALS_SHOWN:
-            log.warning("the relay of host %s refused a connection: %s", relay.host, reason)
-        self.transport.close()
+        self.relay._refuse(self.transport, reason)
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
