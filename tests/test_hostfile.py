@@ -185,6 +185,27 @@ def test_relay_auto_starts_relays_from_64_workers(workers, relay, relays):
     assert rows.count("relay") == relays and rows.count("worker") == workers, r.stdout
 
 
+@pytest.mark.parametrize("hosts, hubs_option, hubs", [(32, None, 4), (31, None, 0),
+                                                      (2, "on", 1), (32, "off", 0)])
+def test_hubs_auto_starts_hubs_from_32_relays(tmp_path, hosts, hubs_option, hubs):
+    """--hubs auto (the default): from HUB_FROM relays a hub on this machine per 8 relays,
+    whose address is those relays' coordinator; on and off force it either way."""
+    from mxlbbsp.launcher.config import HUB_FROM
+    assert HUB_FROM == 32
+    path = write(tmp_path, "".join(f"10.0.0.{h + 1} slots=2\n" for h in range(hosts)))
+    r = run_mxlbbsp("launch", "-H", path, "--relay", "on", "--bind", "127.0.0.1",
+                    *(["--hubs", hubs_option] if hubs_option else []),
+                    "--dry-run", "--", "true")
+    assert r.rc == 0, r.output
+    lines = r.stdout.splitlines()
+    rows = [line.split(None, 1)[0] for line in lines]
+    assert rows.count("hub") == hubs and rows.count("relay") == hosts, r.stdout
+    envs = [lines[i + 1] for i, row in enumerate(rows) if row == "relay"]
+    for i, env in enumerate(envs):      # relay i reaches its hub, i // 8, or the coordinator
+        want = f"<hub {i // 8} port>" if hubs else "<free port>"
+        assert f"MXLBBSP_COORDINATOR='127.0.0.1:{want}'" in env, env
+
+
 def test_dry_run_prints_placement_and_commands_and_starts_nothing(tmp_path):
     path = write(tmp_path, "127.0.0.1 slots=1\nalice@127.0.0.2:2222 slots=2\n")
     started = tmp_path / "started"
