@@ -38,7 +38,7 @@ def describe(config: LaunchConfig, transport: _transport.Transport, hosts: Seque
                  for k, v in sorted(p.env.items())
                  if k.startswith(("DMLC_", "MXLBBSP_")) or k == "OMP_NUM_THREADS"}
         env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-        where = "local" if p is roles.scheduler else p.host
+        where = "local" if p is roles.scheduler or p.role == "hub" else p.host
         rank = "-" if p.rank is None else str(p.rank)
         lines.append(f"{p.role:<10} {rank:<5} {where:<20} {shlex.join(p.argv)}")
         lines.append(f"{'':<10} {'':<5} {'':<20}   env: {env_text}")
