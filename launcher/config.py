@@ -251,6 +251,9 @@ class LaunchConfig:
             raise ConfigError(f"--relay {self.relay!r}: choose one of {', '.join(RELAY_CHOICES)}")
         if self.hubs not in HUB_CHOICES:
             raise ConfigError(f"--hubs {self.hubs!r}: choose one of {', '.join(HUB_CHOICES)}")
+        if self.hubs == "on" and self.relay == "off":
+            raise ConfigError("--hubs on carries the relays' messages, and --relay off starts "
+                              "none: give --relay on (or auto), or leave --hubs out")
         self.command = list(self.command or [])
         if not self.command:
             raise ConfigError("missing the command to run: put it after --, e.g. "

@@ -206,6 +206,12 @@ def test_hubs_auto_starts_hubs_from_32_relays(tmp_path, hosts, hubs_option, hubs
         assert f"MXLBBSP_COORDINATOR='127.0.0.1:{want}'" in env, env
 
 
+def test_hubs_without_relays_is_a_one_line_error():
+    r = run_mxlbbsp("launch", "-n", 2, "--relay", "off", "--hubs", "on", "--dry-run", "--",
+                    "true")
+    _one_line_exit_2(r, "--hubs on carries the relays' messages, and --relay off starts none")
+
+
 def test_dry_run_prints_placement_and_commands_and_starts_nothing(tmp_path):
     path = write(tmp_path, "127.0.0.1 slots=1\nalice@127.0.0.2:2222 slots=2\n")
     started = tmp_path / "started"
