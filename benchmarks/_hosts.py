@@ -91,7 +91,7 @@ class TimedHub(Hub):
         self._read: Dict[int, float] = {}
 
     def _add(self, link, body) -> None:
-        what, _, t = F.rows_head(body)
+        what, t, _ = F.rows_head(body)
         if what == 0:
             self._read[t] = time.perf_counter()
         super()._add(link, body)

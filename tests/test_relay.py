@@ -239,7 +239,7 @@ def _raw_worker(address, rank, n, B=64):
     return sock, sock.makefile("rb")
 
 
-def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0):
+def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=False):
     """Feed the same reports (compute from the batch, per rank) through ``addresses``; the
     split of every iteration, and the records' fields the balancing decides. ``late``: ranks
     that report 80 ms after the others every 7th iteration (their relay's section leaves
@@ -270,15 +270,17 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0):
                                            64, {"runq": float(r)})))
         sizes = [json.loads(f.readline())["size"] for f in files]
         splits.append(sizes)
-        for sock, _ in socks:
+        for r, (sock, _) in enumerate(socks):
             sock.sendall(P.encode(P.done(t, 0.001, 0.002, 0.01)))
+            if log:                     # the script's mxlbbsp.log after its step
+                sock.sendall(P.encode(P.log(t, {"loss": 1.0 / (1 + t + r)})))
     for sock, _ in socks:
         sock.sendall(P.encode(P.bye(start + iterations - 1)))
         sock.close()
     assert c.finished.wait(10) and c.failure is None
     c.stop()
     keep = ("iteration", "rank", "batch_size", "compute_s", "predicted_speed", "wait_s",
-            "runq", "fallbacks")
+            "runq", "fallbacks") + (("scalars",) if log else ())
     return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics_path)]
 
 
@@ -415,6 +417,19 @@ def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):
     assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
     direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
     assert splits == _through([1] * 8, direct, iterations=20, pause=0.05)[0][0]
+
+
+def test_a_hub_merges_its_relays_sections_when_the_workers_log_every_iteration(tmp_path):
+    """A worker's log line between its done and its next report is forwarded in its order,
+    and the hub still merges the relays' sections (ordering is per worker, not per relay);
+    the splits and the records, scalars included, as direct workers'."""
+    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "m.jsonl"))
+    got, c, relays = _through([3, 3, 2], config, hub=True, iterations=20, pause=0.05, log=True)
+    hub = relays[0]
+    assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
+    assert all(r["scalars"] for r in got[1][:-8])     # the last iteration's may come late
+    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
+    assert got == _through([1] * 8, direct, iterations=20, pause=0.05, log=True)[0]
 
 
 def test_a_relay_behind_a_hub_that_goes_away_fails_the_job_naming_its_workers(job):

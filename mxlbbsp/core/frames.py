@@ -213,12 +213,14 @@ def encode_rows(items: Sequence[Tuple[int, dict, float]]) -> List[bytes]:
     return out
 
 
-def rows_head(body) -> Tuple[int, int, int]:
-    """(what: 0 reports, 1 dones; its row count; its iteration) of a ROWS body."""
-    if len(body) < _ROWS_HEAD.size:
-        raise FrameError("a section shorter than its head")
-    what, _, k, t, _ = _ROWS_HEAD.unpack_from(body)
-    return what, k, t
+def rows_head(body) -> Tuple[int, int, np.ndarray]:
+    """(what: 0 reports, 1 dones; its iteration; its ranks) of a ROWS body."""
+    try:
+        what, _, k, t, names_len = _ROWS_HEAD.unpack_from(body)
+        at = _ROWS_HEAD.size + names_len + _pad(names_len)
+        return what, t, np.frombuffer(body, "<i8", k, at)
+    except (struct.error, ValueError) as exc:
+        raise FrameError(f"a malformed section ({exc})") from None
 
 
 def merge_rows(parts: Sequence[Tuple[bytes, float]]) -> List[bytes]:

@@ -22,10 +22,11 @@ and up:
   (a host's dones and next reports come in one write: both complete with the last relay's
   write, and leave together), or after the CONFIG's ``hold_s``; with ``hold_s`` 0 (modes
   without a barrier) what was read at once leaves at once;
-* FORWARD, LOST and FORECAST frames as they are, each relay's frames in the order it sent
-  them (a section is only joined by a relay with nothing later pending, as a relay's
-  sections are by a worker: a FORECAST frame must come after the sections of its relay that
-  left without forecasts, or they would undo it); STATE frames ahead of the next write.
+* FORWARD, LOST and FORECAST frames as they are, each worker's messages in the order it
+  sent them (a section is only joined by rows of workers with nothing later pending, as a
+  relay's sections are: a worker's log line between its done and its next report starts
+  no section of its own; a FORECAST frame comes after the sections of its workers that left
+  without forecasts, or they would undo it); STATE frames ahead of the next write.
 
 A relay whose connection closes before its workers said bye: LOST for each of them (the
 coordinator fails the job, naming them; the launcher names the relay's host). When the
@@ -84,7 +85,7 @@ class Hub(Node):
         self.active: set = set()                # registered ranks that have not said bye
         self._config: Optional[bytes] = None    # the coordinator's first CONFIG, for late relays
         self.label = name
-        self._init_node()       # its pending stream: per relay; _seen: the rows come of each
+        self._init_node()       # its pending stream: per rank; _seen: the rows come of each
         self._server = None     # (type, iteration); _ahead: STATE frames
         self.sections_in = self.sections_up = 0  # statistics (tests, benchmarks)
 
@@ -184,11 +185,11 @@ class Hub(Node):
                     self.active.add(rank)
                 elif kind == F.LOST or (b'"bye"' in line and _type(line) == P.BYE):
                     self.active.discard(rank)
-                self._forward(link, F.frame(kind, body))
+                self._forward([rank], F.frame(kind, body))
             elif kind == F.FORECAST:
-                # after the relay's sections that left before it (without forecasts, which
-                # would undo it), ahead of the one after it, as the relay sent them
-                self._forward(link, F.frame(kind, body))
+                # after the sections of its workers that left before it (without forecasts,
+                # which would undo it), ahead of the one after it, as the relay sent them
+                self._forward(F.read_forecast(body)[1].tolist(), F.frame(kind, body))
             elif kind == F.STATE:
                 self._ahead.append(F.frame(kind, body))
             else:
@@ -201,30 +202,37 @@ class Hub(Node):
         for rank in link.ranks:
             if rank in self.active:
                 self.active.discard(rank)
-                self._forward(link, F.rank_frame(F.LOST, rank))
+                self._forward([rank], F.rank_frame(F.LOST, rank))
         link.closed = True
         self.flush()
         if len(self.links) >= self.expected_relays and all(x.closed for x in self.links):
             self._end(0)
 
     def _add(self, link: "_RelayLink", body) -> None:
-        what, k, t = F.rows_head(body)
+        what, t, ranks = F.rows_head(body)
         key = (what, t)
+        ranks = ranks.tolist()
+        last_of = self._last_of
+        latest = max((last_of.get(r, -1) for r in ranks), default=-1)
         section = self._open.get(key)
-        if section is None or section.index < self._last_of.get(link.id, -1):
+        if section is None or section.index < latest:
             section = self._open[key] = _Section(key, len(self._pending))
             self._pending.append(section)
         section.parts.append((link.id, body, time.monotonic()))
         self.sections_in += 1
-        self._last_of[link.id] = section.index
-        self._seen[key] = self._seen.get(key, 0) + k
+        for r in ranks:
+            last_of[r] = section.index
+        self._seen[key] = self._seen.get(key, 0) + len(ranks)
 
     def _complete(self) -> bool:
         active = len(self.active)
         return all(self._seen.get(key, 0) >= active for key in self._open)
 
-    def _forward(self, link: "_RelayLink", data: bytes) -> None:
-        self._last_of[link.id] = len(self._pending)
+    def _forward(self, ranks, data: bytes) -> None:
+        """A frame for ``ranks`` in the pending stream: after whatever of theirs is pending,
+        before whatever of theirs comes next."""
+        for r in ranks:
+            self._last_of[r] = len(self._pending)
         self._pending.append(data)
 
     def _encode(self, section: _Section, now: float) -> List[bytes]:
