@@ -213,11 +213,18 @@ def encode_rows(items: Sequence[Tuple[int, dict, float]]) -> List[bytes]:
     return out
 
 
+def _head(body) -> Tuple[int, int, int, int, bytes, int]:
+    """A ROWS body's head: (what, column count, row count, iteration, the names block, where
+    the int64 block starts); struct.error for a body shorter than its head."""
+    what, ncols, k, t, names_len = _ROWS_HEAD.unpack_from(body)
+    names = body[_ROWS_HEAD.size:_ROWS_HEAD.size + names_len]
+    return what, ncols, k, t, names, _ROWS_HEAD.size + names_len + _pad(names_len)
+
+
 def rows_head(body) -> Tuple[int, int, np.ndarray]:
     """(what: 0 reports, 1 dones; its iteration; its ranks) of a ROWS body."""
     try:
-        what, _, k, t, names_len = _ROWS_HEAD.unpack_from(body)
-        at = _ROWS_HEAD.size + names_len + _pad(names_len)
+        what, _, k, t, _, at = _head(body)
         return what, t, np.frombuffer(body, "<i8", k, at)
     except (struct.error, ValueError) as exc:
         raise FrameError(f"a malformed section ({exc})") from None
@@ -232,9 +239,7 @@ def merge_rows(parts: Sequence[Tuple[bytes, float]]) -> List[bytes]:
     groups: Dict[tuple, list] = {}
     for body, waited in parts:
         try:
-            what, ncols, k, t, names_len = _ROWS_HEAD.unpack_from(body)
-            names = body[_ROWS_HEAD.size:_ROWS_HEAD.size + names_len]
-            at = _ROWS_HEAD.size + names_len + _pad(names_len)
+            what, ncols, k, t, names, at = _head(body)
             block = np.frombuffer(body, "<i8", (2 + _signature(names).numeric) * k,
                                   at).reshape(-1, k)
         except (struct.error, ValueError) as exc:
@@ -348,10 +353,8 @@ def _signature(blob: bytes) -> _Signature:
 def decode_rows(body: bytes, received: float) -> "Rows":
     """A ROWS frame's body as :class:`Rows`; ``received``: when it was read (time.time())."""
     try:
-        what, ncols, k, t, names_len = _ROWS_HEAD.unpack_from(body)
-        at = _ROWS_HEAD.size
-        sig = _signature(body[at:at + names_len])
-        at += names_len + _pad(names_len)
+        what, ncols, k, t, names, at = _head(body)
+        sig = _signature(names)
         if len(sig.keys) != ncols or what >= len(BATCHED):
             raise FrameError("a section whose head and names disagree")
         block = np.frombuffer(body, "<i8", (2 + sig.numeric) * k, at).reshape(-1, k)
