@@ -85,8 +85,7 @@ import _hosts  # noqa: E402
 from mxlbbsp.core import protocol as P  # noqa: E402
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.control.coordinator import CoordinatorConfig  # noqa: E402
-from launcher.config import HUB_FROM  # noqa: E402
-from mxlbbsp.relay.hub import RELAYS_PER_HUB  # noqa: E402
+from launcher.config import HUB_FROM, RELAYS_PER_HUB  # noqa: E402
 
 SIZES = [16, 64, 256, 1024]
 #: simulated workers per emulated host (behind its relay); 0: every worker connected directly

@@ -38,7 +38,7 @@ import _suite as S
 
 sys.path.insert(0, str(C.ROOT / "tests"))
 from sshd import Sshd, ensure_installed  # noqa: E402
-from mxlbbsp.relay.hub import RELAYS_PER_HUB  # noqa: E402
+from launcher.config import RELAYS_PER_HUB  # noqa: E402
 
 
 def main() -> None:

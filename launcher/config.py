@@ -46,9 +46,11 @@ RELAY_FROM = 64
 #: relays up (auto): at 1024 workers, 8 to a host, the coordinator's CPU per iteration is
 #: less than half with hubs, at 256 (32 relays) 0.65x and its p99 latency 0.7-0.9x, the
 #: relay-to-relay latency the same (the hop costs what the coordinator saves)
-#: (benchmarks/results/coordinator_scale_hubs.md)
+#: (benchmarks/results/coordinator_scale_baseline_a697d22.md)
 HUB_CHOICES = ("auto", "on", "off")
 HUB_FROM = 32
+#: the hosts' relays per hub
+RELAYS_PER_HUB = 8
 
 
 def _cwd() -> str:

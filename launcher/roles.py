@@ -28,10 +28,9 @@ from typing import Dict, List, Optional
 
 from mxlbbsp import modes
 from mxlbbsp.core import env as _env
-from mxlbbsp.core import protocol as _protocol
 
 from . import transport as _transport
-from .config import HUB_FROM, RELAY_FROM, LaunchConfig
+from .config import HUB_FROM, RELAY_FROM, RELAYS_PER_HUB, LaunchConfig
 from .guard import SHARE_CORES
 from .hostfile import Host, Placement, local_ranks
 from .procs import Output, RoleProcess, local_transport
@@ -96,21 +95,24 @@ class RoleBuilder:
             env = self._ps_env("server", host, bind, scheduler_port, None)
             argv = [self.transport.python(host), "-m", "mxlbbsp.server"]
             servers.append(self._role("server", r, host, argv, env))
-        relays, relay_of = [], {}
+        relay_hosts: List[Host] = []
         if cfg.relay == "on" or (cfg.relay == "auto" and cfg.num_workers >= RELAY_FROM):
             for host in self.placement.workers:
-                if per_host[host.name] >= 2 and host.name not in relay_of:
-                    i = len(relays)
-                    listen = f"{SOCKET_DIR}/mxlbbsp-{self.job_id}-{i}.sock"
-                    relay_of[host.name] = listen
-                    env = self._base_env(None)
-                    env.update(_env.relay_env(listen, coordinator_addr, self.token, host.name,
-                                              per_host[host.name]))
-                    relays.append(self._role("relay", i, host,
-                                             [self.transport.python(host), "-m", "mxlbbsp.relay"],
-                                             env, name=f"the relay of {host.name}",
-                                             sockets=[listen]))
-        relays = self._hubs(relays, bind, coordinator_addr, per_host) + relays
+                if per_host[host.name] >= 2 and all(h.name != host.name for h in relay_hosts):
+                    relay_hosts.append(host)
+        hubs, upstreams = self._hubs(relay_hosts, bind, coordinator_addr, per_host)
+        relays, relay_of = [], {}
+        for i, (host, upstream) in enumerate(zip(relay_hosts, upstreams)):
+            listen = f"{SOCKET_DIR}/mxlbbsp-{self.job_id}-{i}.sock"
+            relay_of[host.name] = listen
+            env = self._base_env(None)
+            env.update(_env.relay_env(listen, upstream, self.token, host.name,
+                                      per_host[host.name]))
+            relays.append(self._role("relay", i, host,
+                                     [self.transport.python(host), "-m", "mxlbbsp.relay"],
+                                     env, name=f"the relay of {host.name}",
+                                     sockets=[listen]))
+        relays = hubs + relays
         workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
@@ -148,33 +150,31 @@ class RoleBuilder:
                                self.config.num_workers, node_host, self.config.ps_interface))
         return env
 
-    def _hubs(self, relays: List[RoleProcess], bind: str, coordinator_addr,
-              per_host: Dict[str, int]) -> List[RoleProcess]:
+    def _hubs(self, relay_hosts: List[Host], bind: str, coordinator_addr,
+              per_host: Dict[str, int]) -> tuple:
         """With ``--hubs on`` (or ``auto`` and HUB_FROM relays or more), a hub on this
         machine for each RELAYS_PER_HUB relays (on a free port of ``bind``): they reach the
-        coordinator through it. The hubs, to start before the relays."""
-        from mxlbbsp.relay.hub import RELAYS_PER_HUB
+        coordinator through it. (The hubs, to start before the relays; each relay's
+        upstream: its hub's address, or the coordinator's.)"""
         cfg = self.config
-        if not relays or cfg.hubs == "off" or (cfg.hubs == "auto" and len(relays) < HUB_FROM):
-            return []
+        count = len(relay_hosts)
+        if not count or cfg.hubs == "off" or (cfg.hubs == "auto" and count < HUB_FROM):
+            return [], [coordinator_addr] * count
         here = Host(bind)
-        hubs = []
-        for i, start in enumerate(range(0, len(relays), RELAYS_PER_HUB)):
-            group = relays[start:start + RELAYS_PER_HUB]
+        hubs, upstreams = [], []
+        for i, start in enumerate(range(0, count, RELAYS_PER_HUB)):
+            group = relay_hosts[start:start + RELAYS_PER_HUB]
             listen = (bind, free_port(bind))
-            workers = sum(per_host[r.host] for r in group)
-            label = f"hub-{i}"
+            upstreams += [listen] * len(group)
             env = self._base_env(None)
-            env.update(_env.hub_env(listen, coordinator_addr, self.token, label, len(group),
-                                    workers))
-            for relay in group:
-                relay.env[_env.COORDINATOR] = _protocol.format_address(listen)
-            hosts = group[0].host if len(group) == 1 else f"{group[0].host}..{group[-1].host}"
+            env.update(_env.hub_env(listen, coordinator_addr, self.token, f"hub-{i}",
+                                    len(group), sum(per_host[h.name] for h in group)))
+            names = group[0].name if len(group) == 1 else f"{group[0].name}..{group[-1].name}"
             hubs.append(self._role("hub", i, here,
                                    [sys.executable, "-m", "mxlbbsp.relay.hub"], env,
                                    transport=local_transport(),
-                                   name=f"hub {i} (the relays of hosts {hosts})"))
-        return hubs
+                                   name=f"hub {i} (the relays of hosts {names})"))
+        return hubs, upstreams
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
               env: Dict[str, str], transport: Optional[List[str]] = None,

@@ -4,8 +4,9 @@ At 1024 workers, 8 to a host, the coordinator has 128 relays to read and write t
 iteration: one wake-up, one read and one write per relay, two sections to parse per relay
 (a host's dones, then its reports), which is most of its CPU per iteration once the model is
 cheap (benchmarks/README.md, coordinator scale). A hub takes a group of relays (``mxlbbsp
-launch --hubs``: RELAYS_PER_HUB hosts each) and is one relay to the coordinator: ``python -m
-mxlbbsp.relay.hub``, on the launcher's machine, under a guard like every role.
+launch --hubs``: 8 hosts each, launcher/config.py's RELAYS_PER_HUB) and is one relay to the
+coordinator: ``python -m mxlbbsp.relay.hub``, on the launcher's machine, under a guard like
+every role.
 
 To the relays it is the coordinator: they say hello to it (the job's token, checked here),
 it hands them the coordinator's CONFIG (their part of a ``forecast`` hand-off: their ranks
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 
 #: a relay's connection without a hello for this long is closed
 HELLO_S = 30.0
-#: ``mxlbbsp launch --hubs``: the hosts' relays per hub
-RELAYS_PER_HUB = 8
 
 
 class _Section:
