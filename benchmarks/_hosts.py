@@ -115,29 +115,14 @@ class TimedHub(Hub):
 def hub_process(upstream, token: str, hubs, conn, cpus=None) -> None:
     """Run a TimedHub per hub (``hub_plan``'s) until every one has ended; ("ready", None)
     once they listen, then ("ok", stats) or ("error", text) on ``conn``."""
-    try:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        conn.send(("ok", asyncio.run(_hubs(upstream, token, hubs, conn))))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+    _process(_hubs, upstream, token, hubs, conn, cpus)
 
 
 async def _hubs(upstream, token, hubs, conn) -> dict:
     from mxlbbsp.core import protocol as P
     running = [TimedHub(P.parse_address(address), tuple(upstream), token, name, relays, k)
                for name, address, relays, k in hubs]
-    for hub in running[1:]:
-        hub.cpu = None                       # the first one samples the process's CPU
-    tasks = [asyncio.ensure_future(h.run()) for h in running]
-    while not all(h._server is not None for h in running):
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.01)
-    conn.send(("ready", None))
-    codes = await asyncio.gather(*tasks)
+    codes = await _serve_all(running, conn)
     return {"codes": codes, "cpu": running[0].cpu, "sent": [h.sent for h in running],
             "path": [h.path for h in running],
             "writes_up": sum(h.writes_up for h in running),
@@ -148,18 +133,54 @@ async def _hubs(upstream, token, hubs, conn) -> dict:
 def hub_path(stats: dict, iterations: int, skip: int) -> List[float]:
     """Per iteration, the own path (ms) of the hub whose merged section of reports left
     last: its last relay's section read to its write."""
-    out = []
-    for t in range(skip, iterations):
-        sent = [s.get(t, -1.0) for s in stats["sent"]]
-        last = stats["path"][int(np.argmax(sent))].get(t)
-        if max(sent) >= 0 and last is not None:
-            out.append(1000 * last)
-    return out
+    return [x for x in (_last_path(stats, t) for t in range(skip, iterations))
+            if x is not None]
 
 
 def hub_cpu(stats: dict, skip: int) -> float:
     """The hubs' process's CPU milliseconds per iteration."""
-    cpu = [(t, c) for t, c in stats["cpu"] if t > skip]
+    return _cpu_per_iteration(stats["cpu"], skip)
+
+
+def _process(serve, upstream, token: str, items, conn, cpus) -> None:
+    """A process of relays or hubs: ``serve(upstream, token, items, conn)`` on its own loop,
+    on ``cpus``; its stats (or the error) on ``conn``."""
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        conn.send(("ok", asyncio.run(serve(upstream, token, items, conn))))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+async def _serve_all(nodes, conn) -> list:
+    """Run relays or hubs until every one has ended (their exit codes); ("ready", None) on
+    ``conn`` once they listen. The first one samples the process's CPU."""
+    for node in nodes[1:]:
+        node.cpu = None
+    tasks = [asyncio.ensure_future(node.run()) for node in nodes]
+    while not all(node._server is not None for node in nodes):
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.01)
+    conn.send(("ready", None))
+    return await asyncio.gather(*tasks)
+
+
+def _last_path(stats: dict, t: int):
+    """The own path (ms) at iteration t of the relay or hub whose section of reports left
+    last (None: not timed)."""
+    sent = [s.get(t, -1.0) for s in stats["sent"]]
+    last = stats["path"][int(np.argmax(sent))].get(t)
+    return None if max(sent) < 0 or last is None else 1000 * last
+
+
+def _cpu_per_iteration(samples, skip: int) -> float:
+    """Milliseconds of CPU per iteration from (iteration, process CPU s) samples after
+    ``skip``."""
+    cpu = [(t, c) for t, c in samples if t > skip]
     if len(cpu) < 2 or cpu[-1][0] <= cpu[0][0]:
         return float("nan")
     return 1000 * (cpu[-1][1] - cpu[0][1]) / (cpu[-1][0] - cpu[0][0])
@@ -182,14 +203,7 @@ def relay_process(upstream, token: str, hosts, conn, cpus=None) -> None:
     """Run a TimedRelay per host until every one has ended; sends ("ready", None) once they
     listen, then ("ok", stats) or ("error", text) on ``conn``. ``upstream``: the coordinator's
     address, or a list of each host's relay's (its hub's: ``hub_plan``)."""
-    try:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        conn.send(("ok", asyncio.run(_relays(upstream, token, hosts, conn))))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+    _process(_relays, upstream, token, hosts, conn, cpus)
 
 
 async def _relays(upstream, token, hosts, conn) -> dict:
@@ -198,15 +212,7 @@ async def _relays(upstream, token, hosts, conn) -> dict:
     relays = [TimedRelay(P.parse_address(address), P.parse_address(up) if isinstance(up, str)
                          else up, token, name, k)
               for (name, address, k), up in zip(hosts, ups)]
-    for relay in relays[1:]:
-        relay.cpu = None                     # the first one samples the process's CPU
-    tasks = [asyncio.ensure_future(r.run()) for r in relays]
-    while not all(r._server is not None for r in relays):
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.01)
-    conn.send(("ready", None))
-    codes = await asyncio.gather(*tasks)
+    codes = await _serve_all(relays, conn)
     return {"codes": codes, "sent": [r.sent for r in relays], "got": [r.got for r in relays],
             "path": [r.path for r in relays],
             "cpu": relays[0].cpu, "frames_up": sum(r.frames_up for r in relays),
@@ -223,14 +229,10 @@ def summary(stats: dict, iterations: int, skip: int, hosts: int) -> dict:
         if None in sent or None in got:
             continue
         latency.append(1000 * (max(got) - max(sent)))
-        last = stats["path"][int(np.argmax(sent))].get(t)
+        last = _last_path(stats, t)
         if last is not None:
-            path.append(1000 * last)
-    cpu = np.array([c for t, c in stats["cpu"] if t > skip])
-    its = np.array([t for t, c in stats["cpu"] if t > skip])
-    per_iteration = float("nan")
-    if len(its) >= 2 and its[-1] > its[0]:
-        per_iteration = 1000 * (cpu[-1] - cpu[0]) / (its[-1] - its[0])
+            path.append(last)
+    per_iteration = _cpu_per_iteration(stats["cpu"], skip)
     return {"relay_latency_ms": latency, "relay_path_ms": path,
             "relays_cpu_ms_per_iteration": per_iteration,
             "relay_cpu_ms_per_iteration": per_iteration / hosts,

@@ -269,6 +269,30 @@ def _coordinator_thread() -> threading.Thread:
     raise RuntimeError("the coordinator thread is not running")
 
 
+def _start_hosted(ctx, target, what: str, args: tuple, cpus):
+    """A process of the emulated relays or hubs (``_hosts``), once they listen: (process,
+    its pipe)."""
+    pipe, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, daemon=True, args=(*args, child, cpus))
+    proc.start()
+    child.close()
+    if not pipe.poll(120) or pipe.recv()[0] != "ready":
+        raise RuntimeError(f"the {what} did not start")
+    return proc, pipe
+
+
+def _hosted_result(started, what: str) -> dict:
+    """The stats of a process of ``_start_hosted`` once it ended."""
+    proc, pipe = started
+    if not pipe.poll(60):
+        raise RuntimeError(f"the {what} ended without a result")
+    status, stats = pipe.recv()
+    if status != "ok":
+        raise RuntimeError(f"the {what} failed: {stats}")
+    proc.join(10)
+    return stats
+
+
 def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float = 100.0,
             processes: Optional[int] = None, skip: int = 5, seed: int = 0,
             profile: bool = False, metrics: bool = True, instrument: bool = False,
@@ -326,20 +350,10 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                     per_hub = RELAYS_PER_HUB if len(hosts) >= HUB_FROM else 0
                 if per_hub > 1:              # their hubs first, in a process of their own
                     hub_list, upstream = _hosts.hub_plan(hosts, per_hub)
-                    hub_pipe, child = ctx.Pipe(duplex=False)
-                    hubs = ctx.Process(target=_hosts.hub_process, daemon=True, args=(
-                        addr, token, hub_list, child, client_cpus))
-                    hubs.start()
-                    child.close()
-                    if not hub_pipe.poll(120) or hub_pipe.recv()[0] != "ready":
-                        raise RuntimeError("the hubs did not start")
-                relay_pipe, child = ctx.Pipe(duplex=False)
-                relays = ctx.Process(target=_hosts.relay_process, daemon=True, args=(
-                    upstream, token, hosts, child, client_cpus))
-                relays.start()
-                child.close()
-                if not relay_pipe.poll(120) or relay_pipe.recv()[0] != "ready":
-                    raise RuntimeError("the relays did not start")
+                    hubs = _start_hosted(ctx, _hosts.hub_process, "hubs",
+                                         (addr, token, hub_list), client_cpus)
+                relays = _start_hosted(ctx, _hosts.relay_process, "relays",
+                                       (upstream, token, hosts), client_cpus)
             chunks = np.array_split(np.arange(n), processes)
             procs, pipes = [], []
             for chunk in chunks:
@@ -379,22 +393,8 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                     raise RuntimeError(f"client process failed: {payload}")
                 results.append(payload)
                 proc.join(10)
-            relay_stats = None
-            if relays is not None:
-                if not relay_pipe.poll(60):
-                    raise RuntimeError("the relays ended without a result")
-                status, relay_stats = relay_pipe.recv()
-                if status != "ok":
-                    raise RuntimeError(f"the relays failed: {relay_stats}")
-                relays.join(10)
-            hub_stats = None
-            if hubs is not None:
-                if not hub_pipe.poll(60):
-                    raise RuntimeError("the hubs ended without a result")
-                status, hub_stats = hub_pipe.recv()
-                if status != "ok":
-                    raise RuntimeError(f"the hubs failed: {hub_stats}")
-                hubs.join(10)
+            relay_stats = _hosted_result(relays, "relays") if relays is not None else None
+            hub_stats = _hosted_result(hubs, "hubs") if hubs is not None else None
             if profiler is not None:
                 asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
             if coord.failure:
