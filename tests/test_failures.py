@@ -275,24 +275,32 @@ def relay_of(job):
                 if " -m mxlbbsp.relay" in " ".join(p.cmdline()) and "hub" not in " ".join(p.cmdline()))
 
 
+def _killed_mid_run(options: list, started: str, pick):
+    """A job of 2 workers with ``options`` that runs until killed: once the launcher said
+    ``started`` (a pattern) and an iteration went by, the process ``pick(job)`` is killed
+    with -9. The job (closed), its exit code, and the launcher's error lines."""
+    job = Running(["-n", 2, "-s", 1, "--progress", "1", *options, "--", PY, SCRIPT,
+                   "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
+    try:
+        job.wait_for(started)
+        job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
+        pick(job).kill()
+        rc = job.finish()
+    finally:
+        job.close()
+    return job, rc, [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
+
+
 @pytest.mark.parametrize("what", ["relay", "guard"])
 def test_a_killed_relay_ends_the_job_naming_its_host(what):
     """Issue 26: the host's relay (--relay on: two workers on this host) killed with -9,
     itself or its guard: the job ends with one line that names it and its host, not its
     workers' lost connections, and leaves nothing behind."""
     sockets_before = relay_sockets()
-    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--relay", "on", "--", PY, SCRIPT,
-                   "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
-    try:
-        job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)")
-        job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
-        relay = relay_of(job)
-        (relay if what == "relay" else relay.parent()).kill()
-        rc = job.finish()
-    finally:
-        job.close()
+    job, rc, errors = _killed_mid_run(
+        ["--relay", "on"], r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)",
+        lambda job: relay_of(job) if what == "relay" else relay_of(job).parent())
     assert rc == 137, job.output
-    errors = [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
     assert len(errors) == 1, job.output
     said = ("the relay of localhost was killed by SIGKILL" if what == "relay" else
             "the relay of localhost exited with code 137: its guard was killed (SIGKILL)")
@@ -305,19 +313,12 @@ def test_a_killed_hub_ends_the_job_naming_it():
     """Issue 26: the hub between the relays and the coordinator (--hubs on) killed with -9:
     the job ends with one line that names it and the hosts of its relays, and leaves
     nothing behind."""
-    job = Running(["-n", 2, "-s", 1, "--progress", "1", "--relay", "on", "--hubs", "on",
-                   "--", PY, SCRIPT, "--fail", "none", "--iterations", 100000, "--sleep", "0.05"])
-    try:
-        job.wait_for(r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\) through 1 hub\(s\)")
-        job.wait_for(r"\[mxlbbsp\] \d+ s: iteration [1-9]")    # the job runs through it
-        hub = next(p for p in processes_with(job.marker)
-                   if "mxlbbsp.relay.hub" in " ".join(p.cmdline()))
-        hub.kill()
-        rc = job.finish()
-    finally:
-        job.close()
+    job, rc, errors = _killed_mid_run(
+        ["--relay", "on", "--hubs", "on"],
+        r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\) through 1 hub\(s\)",
+        lambda job: next(p for p in processes_with(job.marker)
+                         if "mxlbbsp.relay.hub" in " ".join(p.cmdline())))
     assert rc == 137, job.output
-    errors = [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
     assert len(errors) == 1, job.output
     assert "hub 0 (the relays of hosts localhost) was killed by SIGKILL" in errors[0], job.output
     assert wait_no_leftovers(job.marker) == []
