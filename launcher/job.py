@@ -90,6 +90,11 @@ class Job:
         self.since: Optional[float] = None       # monotonic start of the first attempt
         self.attempt = 0                          # restarts before this attempt
         self.resume_from = config.resume_from()
+        #: the first iteration this launch trains (> 0 when it resumed a checkpoint; a
+        #: restart keeps its launch's): the summary counts what the launch trained
+        self.launch_start = 0
+        if self.resume_from:
+            self.launch_start = int(_store.read_manifest(self.resume_from)["iteration"]) + 1
         self.transport = choose_transport(config, hosts)
         self.hosts = self.transport.hosts()
         n = self.transport.default_workers(self.hosts)
@@ -295,8 +300,9 @@ def _finished(job: Job) -> Optional[int]:
                        f"iteration {manifest['iteration']}: the script goes on from there")
         return None
     job.output.say(f"nothing to do: {path} is the final checkpoint of a job that ended "
-                   f"normally after iteration {manifest['iteration']}; to train again from "
-                   "scratch, give another --checkpoint-dir")
+                   f"normally after iteration {manifest['iteration']}; to train on from it "
+                   f"(e.g. more epochs), add --resume {path}; to train again from scratch, "
+                   "give another --checkpoint-dir")
     return 0
 
 
@@ -333,7 +339,8 @@ def run_job(config: LaunchConfig) -> int:
         iteration = _store.read_manifest(latest)["iteration"] + 1
         job.output.say(f"restart {attempt}/{config.restarts} from iteration {iteration} on "
                        f"{n} worker(s) ({why})")
+        launch_start = job.launch_start
         job = Job(config, output=job.output, hosts=hosts)
-        job.since, job.attempt = since, attempt
+        job.since, job.attempt, job.launch_start = since, attempt, launch_start
         rc = job.run()
     return rc

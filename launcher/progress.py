@@ -54,15 +54,22 @@ def progress_line(elapsed: float, progress, registered: int, num_workers: int,
 
 
 def summary_lines(elapsed: float, restarts: int, summary: Optional[Mapping],
-                  metrics: Optional[str], tensorboard: Optional[str]) -> List[str]:
+                  metrics: Optional[str], tensorboard: Optional[str],
+                  launch: Optional[tuple] = None) -> List[str]:
     """The end-of-job lines: "done in ..." and a "note: ..." per diagnosis
-    (``metrics.diagnose``). ``summary``: the coordinator's (None: no iterations seen)."""
+    (``metrics.diagnose``). ``summary``: the coordinator's (None: no iterations seen), which
+    covers the whole job, its launches before a ``--resume`` included; ``launch``: (the
+    first iteration of this launch, the iterations it trained), said when it resumed."""
     again = f" (the whole job, {restarts} restart(s))" if restarts else ""
     if not summary:
         return [f"done in {elapsed:.1f} s{again}"]
     share = summary["compute_share"]
+    this = ""
+    if launch is not None and launch[0] > 0:
+        this = (f" of the whole job ({max(launch[1], 0)} in this launch, which resumed at "
+                f"iteration {launch[0]})")
     line = (f"done in {elapsed:.1f} s{again}: {summary['iterations']} iterations after the "
-            f"warm-up, {summary['samples_per_s']:.1f} samples/s, workers waited "
+            f"warm-up{this}, {summary['samples_per_s']:.1f} samples/s, workers waited "
             f"{100 * summary['wait_share']:.1f}% of the time"
             + (f", compute {100 * share:.0f}% of the iteration" if share == share else "")
             + (f"; metrics in {metrics}" if metrics else "")

@@ -131,8 +131,10 @@ class Supervisor:
             p.wait(max(0.0, deadline - time.monotonic()))
         job = self.job
         elapsed = time.monotonic() - (job.since if job.since is not None else self.started)
+        trained = self.coordinator.progress().iteration + 1 - job.launch_start
         for line in summary_lines(elapsed, job.attempt, self.coordinator.summary(),
-                                  self.config.metrics, self.config.tensorboard):
+                                  self.config.metrics, self.config.tensorboard,
+                                  launch=(job.launch_start, trained)):
             self.output.say(line)
         return 0
 

@@ -135,6 +135,9 @@ def test_kill9_of_the_launcher_then_resume_on_more_workers_is_exact(reference, s
     assert r.rc == 0, r.output
     assert f"resuming from iteration {stopped + 1}" in r.stderr
     assert r.stdout.count("finished at iteration 46") == 4, r.output
+    # the summary covers the whole job, and says what this launch trained
+    assert f"({46 - stopped - 1} in this launch, which resumed at iteration {stopped + 1})" \
+        in r.stderr, r.output
     resumed = load(tmp_path / "rank0.params")
     assert relative_difference(resumed, single) <= 1e-4, r.output
     assert relative_difference(resumed, load(reference / "rank0.params")) <= 1e-4
@@ -148,6 +151,7 @@ def test_a_finished_job_is_not_run_again(reference):
                reference / "again", *TRAIN)
     assert r.rc == 0, r.output
     assert "nothing to do" in r.stderr and "after iteration 45" in r.stderr, r.output
+    assert "to train on from it (e.g. more epochs), add --resume " in r.stderr, r.output
     assert "started" not in r.stderr and "worker" not in r.stdout, r.output
     (reference / "again").mkdir(exist_ok=True)
     r = launch("-n", 3, "--resume", reference / "ckpt", "--", PY, SCRIPT, reference / "again",

@@ -268,3 +268,35 @@ def test_min_batch_size_above_couriers_smallest_batch_is_refused(coordinator):
     sessions(c, 2, B=64, sync="courier")
     assert c.failure_kind == "config" and c.failure.startswith(
         "--min-batch-size 40 is more than --batch-range's minimum 64 / 2 workers (32 each)")
+
+
+def test_a_batchnorm_job_splits_the_short_last_batch_of_its_epoch(coordinator):
+    """The BatchNorm minimum (8 per worker here) cannot hold for an epoch's last batch of 5
+    samples on 3 workers: that batch is split with at least one sample each, and the full
+    batches keep the minimum (the job used to fail at the end of its first epoch)."""
+    c = coordinator(3, sync="lbbsp", predictor="last", time_model="linear")
+    ss, errors = sessions(c, 3, B=64, N=197, min_global_batch=5)
+    assert not errors and c.failure is None
+    for s in ss:
+        s.model_info = {"batchnorm": True}
+    plan = [64, 64, 64, 5, 64, 64]                 # two epochs' starts: 197 = 3 x 64 + 5
+    seen = []
+    for t, B in enumerate(plan):
+        nxt = plan[t + 1] if t + 1 < len(plan) else 64
+        sizes = []
+        for rank, s in enumerate(ss):
+            s.next_global_batch = lambda nxt=nxt: nxt
+            _, _, local = s.next_iteration(B)
+            sizes.append(local)
+            s._t_end -= 0.001 * local * (1 if rank == 0 else 50)   # ranks 1, 2: 50x slower
+            s.gradients_ready()
+        for s in ss:
+            s.step_done()
+        seen.append(sizes)
+        assert c.failure is None, c.failure
+    for s in ss:
+        s.close()
+    assert [sum(b) for b in seen] == plan
+    assert min(seen[3]) >= 1                        # the short batch: one sample at least
+    assert all(min(b) >= 8 for b in seen[2:3] + seen[4:])   # BatchNorm's minimum elsewhere
+    assert c.balancer.min_batch == 8

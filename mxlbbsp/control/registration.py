@@ -40,6 +40,9 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
             detail = ", ".join(f"rank {r}: {h[field]}" for r, h in enumerate(hellos))
             return f"the workers disagree on the {what} ({detail}); every worker must " \
                    "build the same mxlbbsp.DataLoader"
+    problem = _check_identity(hellos)
+    if problem:
+        return problem
     B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
     saved = config.resume_manifest
     if saved is not None and (saved["global_batch_size"] != B
@@ -73,6 +76,12 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
     caps = [h.get("max_batch_size") for h in hellos]
     if config.max_batch is not None:
         caps = [config.max_batch if c is None else min(c, config.max_batch) for c in caps]
+    if low is not None and any(c is not None and c < low for c in caps):
+        rank = next(r for r, c in enumerate(caps) if c is not None and c < low)
+        return (f"--min-batch-size {low} is more than worker {rank}'s maximum batch size "
+                f"{caps[rank]} (its DataLoader's max_batch_size or --max-batch-size): no "
+                f"split can give it both; use --min-batch-size {caps[rank]} or less, or raise "
+                "the maximum")
     if all(c is not None for c in caps):
         balancer.max_batch = np.array(caps, dtype=np.int64)
         if sum(caps) < B:
@@ -80,7 +89,33 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
                     f"to less than the global batch size {B}; raise --max-batch-size or "
                     "use more workers")
     elif any(c is not None for c in caps):
-        balancer.max_batch = np.array([B if c is None else c for c in caps], dtype=np.int64)
+        # an uncapped worker may take a whole global batch, the largest one the job can have
+        # (a mode that chooses B(t) may go above the DataLoader's B)
+        largest = max(B, smallest or 0, getattr(policy, "hi", 0) or 0)
+        balancer.max_batch = np.array([largest if c is None else c for c in caps],
+                                      dtype=np.int64)
+    return None
+
+
+def _check_identity(hellos: Sequence[dict]) -> Optional[str]:
+    """Workers whose loaders would not cut one global permutation: another order of the
+    same data (a seed per rank), or other data of the same size (a shard per rank)."""
+    orders = [h.get("order") for h in hellos]
+    if all(o is not None for o in orders) and any(o != orders[0] for o in orders):
+        rank = next(r for r, o in enumerate(orders) if o != orders[0])
+        shown = lambda o: ", ".join(f"{k}={o[k]!r}" for k in sorted(o))
+        return (f"the workers order the data differently (rank 0: {shown(orders[0])}; rank "
+                f"{rank}: {shown(orders[rank])}): every worker must build mxlbbsp.DataLoader "
+                "with the same shuffle, seed and last_batch, as the loader cuts each worker's "
+                "slice from one permutation of the whole data set (no seed per rank)")
+    prints = [h.get("data_fingerprint") for h in hellos]
+    if all(p is not None for p in prints) and any(p != prints[0] for p in prints):
+        ranks = [r for r, p in enumerate(prints) if p != prints[0]]
+        return (f"the workers hold different data sets of the same size (rank "
+                f"{', '.join(map(str, ranks[:5]))}{' ...' if len(ranks) > 5 else ''} and rank 0 "
+                "read different samples at the same indices): every worker must build the same "
+                "data set, whole; mxlbbsp.DataLoader takes each worker's slice itself (don't "
+                "shard the data by rank)")
     return None
 
 

@@ -230,10 +230,23 @@ class Balancer:
         #: why the last allocate() chose what it chose, in a few words (for ``-v``)
         self.decision = ""
 
+    def lower(self, total: int, n: int) -> np.ndarray:
+        """Each worker's least local batch in a global batch of ``total`` among ``n``:
+        ``min_batch``, as far as ``total`` allows (the short last batch of an epoch, or a
+        smaller B(t) chosen as the job runs, may hold fewer than n x ``min_batch``: then
+        every worker gets at least its equal share rounded down), and never above a
+        worker's own cap. So every global batch that registration let through can be split
+        (:func:`mxlbbsp.control.registration.check_hellos` refuses the rest)."""
+        lo = np.full(n, max(1, min(self.min_batch, int(total) // max(n, 1))), dtype=np.int64)
+        if self.max_batch is not None:
+            lo = np.maximum(np.minimum(lo, np.asarray(self.max_batch, dtype=np.int64)), 1)
+        return lo
+
     def allocate(self, model: TimeModel, total: int,
                  current: Optional[Sequence[int]] = None) -> np.ndarray:
         """The next allocation, or ``current`` when the gain is below the threshold."""
-        new = allocate(model, total, self.min_batch, self.max_batch)
+        lower = self.lower(total, np.asarray(model.speed).shape[0])
+        new = allocate(model, total, lower, self.max_batch)
         self.decision = "new split (no current one)"
         if current is None:
             return new
@@ -241,7 +254,7 @@ class Balancer:
         if current.shape != new.shape or int(current.sum()) != total:
             self.decision = "new split (the global batch changed)"
             return new
-        if np.any(current < self.min_batch) or (
+        if np.any(current < lower) or (
                 self.max_batch is not None and np.any(current > np.asarray(self.max_batch))):
             self.decision = "new split (the current one breaks a per-worker limit)"
             return new
@@ -266,8 +279,6 @@ class Balancer:
         back to equal whenever an uneven split does not buy at least the threshold.
         """
         n = len(chosen)
-        if total < n * self.min_batch:
-            return chosen
         equal = equal_split(total, n)
         if self.max_batch is not None and np.any(equal > np.asarray(self.max_batch)):
             return chosen

@@ -100,6 +100,13 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.dataset_size = int(hellos[0]["dataset_size"])
         if self.dataset_size < n:
             return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
+        caps = self.coordinator.balancer.max_batch
+        if caps is not None:
+            most = int(np.sum(caps))
+            if most < self.lo:
+                return (f"--batch-range {self.lo}:{self.hi}: the workers' maximum batch sizes "
+                        f"add up to {most}, less than the range's minimum; lower the minimum "
+                        "to at most that, or raise --max-batch-size")
         return None
 
     def first_split(self, global_batch):
@@ -118,6 +125,10 @@ class BatchChoosingPolicy(LBBSPPolicy):
         than :attr:`least` could not be split, so it joins this batch."""
         least = self.least
         B = max(B, least)
+        caps = self.coordinator.balancer.max_batch
+        if caps is not None:
+            # a B(t) above what the workers can hold together could never be split
+            B = min(B, int(np.sum(caps)))
         if cap is None:
             return B
         B = min(B, cap)

@@ -14,6 +14,7 @@ which happens while this iteration's gradients are being pushed and pulled).
 """
 from __future__ import annotations
 
+import hashlib
 import pickle
 import threading
 from typing import Optional
@@ -163,9 +164,19 @@ class DataLoader:
 
     # ---- iteration ----------------------------------------------------------------------
 
+    def identity(self) -> dict:
+        """What every worker's loader must share, for the coordinator to compare at
+        registration: the data set's fingerprint (:func:`fingerprint`) and how each epoch
+        orders it (shuffle, seed, last_batch)."""
+        return {"data_fingerprint": fingerprint(self._dataset),
+                "order": {"shuffle": bool(self._shuffle),
+                          "seed": self._seed if self._shuffle else None,
+                          "last_batch": self._last_batch}}
+
     def __iter__(self):
         sess = _session.open_session(self.global_batch_size, self._size,
-                                     self._min_global_batch, self._max_batch)
+                                     self._min_global_batch, self._max_batch,
+                                     identity=self.identity)
         if self._pool is not None and not self._listening:
             sess.on_allocation(self._on_allocation)
             self._listening = True
@@ -276,3 +287,42 @@ class DataLoader:
         # Worker processes hand batches over in shared memory (cpu_shared), which a
         # hybridized network refuses next to its cpu parameters: give them back on cpu.
         return _gdl._as_in_context(pickle.loads(result), context.cpu())
+
+
+#: how many items of a data set its fingerprint reads (each twice)
+FINGERPRINT_ITEMS = 8
+
+
+def fingerprint(dataset) -> str:
+    """A short hash of a data set: its size and a few items spread over it, so that workers
+    holding different data (a shard per rank, another file) are told apart at registration.
+
+    Each item is read twice: a part that differs between the two reads is random (a data
+    augmentation) and counts by its shape and type only; the rest (labels, fixed data)
+    counts by value."""
+    size = len(dataset)
+    digest = hashlib.sha1(f"{size}".encode())
+    for i in sorted({int(k) for k in np.linspace(0, size - 1, min(FINGERPRINT_ITEMS, size))}):
+        for a, b in zip(_parts(dataset[i]), _parts(dataset[i])):
+            value_a, value_b = _value(a), _value(b)
+            digest.update(value_a if value_a == value_b else _kind(a))
+    return digest.hexdigest()[:16]
+
+
+def _parts(item):
+    return list(item) if isinstance(item, (tuple, list)) else [item]
+
+
+def _kind(part) -> bytes:
+    shape = getattr(part, "shape", None)
+    return f"{type(part).__name__}{tuple(shape) if shape is not None else ''}".encode()
+
+
+def _value(part) -> bytes:
+    if hasattr(part, "asnumpy"):
+        part = part.asnumpy()
+    if isinstance(part, np.ndarray):
+        return _kind(part) + str(part.dtype).encode() + np.ascontiguousarray(part).tobytes()
+    if isinstance(part, (int, float, str, bytes, bool, np.generic)):
+        return repr(part).encode()
+    return _kind(part)          # an object we cannot read by value: its type alone

@@ -81,12 +81,17 @@ def current() -> Optional["Session"]:
 
 
 def open_session(global_batch_size: int, dataset_size: int, min_global_batch: int,
-                 max_batch_size: Optional[int] = None) -> "Session":
-    """The process's session, opening it on first use (connects to the coordinator)."""
+                 max_batch_size: Optional[int] = None,
+                 identity: Optional[Callable[[], dict]] = None) -> "Session":
+    """The process's session, opening it on first use (connects to the coordinator).
+    ``identity``: what the hello says of the data and its order (the loader's
+    :meth:`~mxlbbsp.worker.dataloader.DataLoader.identity`), computed only when a hello is
+    sent."""
     global _session
     with _lock:
         if _session is None:
-            _session = Session(global_batch_size, dataset_size, min_global_batch, max_batch_size)
+            _session = Session(global_batch_size, dataset_size, min_global_batch, max_batch_size,
+                               identity=identity)
             atexit.register(close_session)
         elif _session.global_batch_size != global_batch_size:
             raise ValueError(
@@ -118,7 +123,8 @@ class Session:
     """
 
     def __init__(self, global_batch_size: int, dataset_size: int, min_global_batch: int,
-                 max_batch_size: Optional[int] = None, env=None):
+                 max_batch_size: Optional[int] = None, env=None,
+                 identity: Optional[Callable[[], dict]] = None):
         self.global_batch_size = int(global_batch_size)
         self.rank = _env.rank(env)
         try:
@@ -181,7 +187,8 @@ class Session:
             self._initial = _split.Slice(0, self.global_batch_size, self.global_batch_size)
             return
         self.num_workers = _env.num_workers(env)
-        self._connect(addr, _env.token(env), dataset_size, min_global_batch, max_batch_size)
+        self._connect(addr, _env.token(env), dataset_size, min_global_batch, max_batch_size,
+                      identity)
 
     # ---- connection ---------------------------------------------------------------------
 
@@ -189,7 +196,8 @@ class Session:
     def coordinated(self) -> bool:
         return self._sock is not None
 
-    def _connect(self, addr, token, dataset_size, min_global_batch, max_batch_size):
+    def _connect(self, addr, token, dataset_size, min_global_batch, max_batch_size,
+                 identity=None):
         deadline = time.monotonic() + 60
         while True:
             try:     # the coordinator's address, or its host's relay's (a Unix socket)
@@ -218,6 +226,8 @@ class Session:
         hello = P.hello(self.rank, token, os.getpid(), self.host, self.global_batch_size,
                         dataset_size, max_batch_size)
         hello["min_global_batch"] = int(min_global_batch)
+        if identity is not None:
+            hello.update(identity())        # the data's fingerprint and its order
         self.send(hello)
         self._file = sock.makefile("rb")
         welcome = self._read()

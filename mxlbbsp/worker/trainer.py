@@ -59,6 +59,7 @@ from mxlbbsp.core import env as _env
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import store as _store
 from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import loss_head as _loss
 from mxlbbsp.worker import session as _session
 from mxlbbsp.worker.batchnorm import RunningStats
 
@@ -102,6 +103,11 @@ class Trainer(gluon.Trainer):
         self._ckpt_dir = _env.checkpoint_dir()
         self._ckpt_every = _env.checkpoint_every()
         self._final_hook = False              # the final checkpoint's atexit hook
+        # what backward() was called on: a loss averaged over the batch is scaled back to
+        # the per-sample sum before the push (mxlbbsp.worker.loss_head)
+        self._head = _loss.watch(_local_batch)
+        self._mean_loss = False               # this step's loss is a mean: scale by b_i
+        self._mean_noted = False
         resume = _env.resume()
         if resume is not None:
 
@@ -149,6 +155,41 @@ class Trainer(gluon.Trainer):
             if sess.sets_batch:
                 _lr.warn_momentum(self._optimizer, sess.lr_factor())
         return norm, nominal
+
+    def _read_loss(self, batch_size):
+        """This step's ``batch_size`` as it reads with the kind of its loss: a loss averaged
+        over the batch is scaled back to the per-sample sum (:mod:`.loss_head`), and then
+        ``step()`` and Gluon's ``step(1)`` are the mean over the global batch; any other
+        number would divide by the batch twice. Sets :attr:`_mean_loss`."""
+        kind = self._head.take()
+        sess = _session.current()
+        in_job = sess is not None and sess.coordinated
+        self._mean_loss = False
+        if kind == _loss.MIXED and in_job:
+            raise _session.misuse(
+                f"the loss of iteration {sess.iteration} is one number that holds a mean over "
+                "the batch inside a larger expression (e.g. loss.mean() + a penalty): no "
+                "scale makes the workers' gradients add up to one process's; keep the loss "
+                "per sample (loss_fn(output, label), no mean; a penalty as the optimizer's wd) "
+                "and write trainer.step()")
+        if kind != _loss.MEAN or sess is None or sess.iteration < 0:
+            return batch_size
+        if batch_size not in (None, 1):
+            if in_job:
+                raise _session.misuse(
+                    f"trainer.step({batch_size}) at iteration {sess.iteration} after a loss "
+                    "averaged over the batch (loss.mean()) divides by the batch twice; write "
+                    "trainer.step() (or Gluon's step(1) for a mean loss), or keep the loss "
+                    "per sample")
+            return batch_size              # one process: plain Gluon's meaning
+        self._mean_loss = True
+        if in_job and not self._mean_noted and sess.rank == 0:
+            self._mean_noted = True
+            log.warning("mxlbbsp: note: the loss is a mean over the batch: each worker's "
+                        "gradients are scaled by its own batch size, so that the update is "
+                        "the mean over the global batch, as in one process with loss.mean() "
+                        "and step(1) (a per-sample loss with trainer.step() needs no scaling)")
+        return None
 
     def _read_batch_size(self, batch_size):
         """(N(t), N0, whether the session's normalisers apply)."""
@@ -204,7 +245,7 @@ class Trainer(gluon.Trainer):
         workers' gradients could not be combined as one process would. In a single process
         without an :class:`mxlbbsp.DataLoader`, ``batch_size`` is Gluon's.
         """
-        norm, nominal = self._normalisers(batch_size)
+        norm, nominal = self._normalisers(self._read_loss(batch_size))
         self._reduce(norm, nominal)
         self._apply(norm, ignore_stale_grad)
 
@@ -218,6 +259,7 @@ class Trainer(gluon.Trainer):
         norm = nominal = 1.0         # only asp's pre-scaling needs them, refused above
         if sess is not None and sess.iteration >= 0:
             norm, nominal = sess.mode.normalisers(sess)
+        self._read_loss(None)        # update(n) checks its n against the loss's kind
         self._reduce(norm, nominal)
         self._reduced = True
 
@@ -227,6 +269,17 @@ class Trainer(gluon.Trainer):
         if self._kvstore and self._update_on_kvstore:
             raise ValueError("update() is not supported when parameters are updated on the "
                              "kvstore (--sync asp/r2sp); use step()")
+        if self._reduced and self._mean_loss and batch_size not in (None, 1):
+            sess = _session.current()
+            if sess is not None and sess.coordinated:
+                raise _session.misuse(
+                    f"trainer.update({batch_size}) after a loss averaged over the batch "
+                    "(loss.mean()) divides by the batch twice; write trainer.update() (or "
+                    "update(1)), or keep the loss per sample")
+        if self._reduced and self._mean_loss:
+            batch_size = None
+        elif not self._reduced:
+            batch_size = self._read_loss(batch_size)
         norm, _ = self._normalisers(batch_size)
         sess = _session.current()
         if not self._reduced:
@@ -243,6 +296,11 @@ class Trainer(gluon.Trainer):
         the push/pull."""
         sess = _session.current()
         if sess is not None:
+            if self._mean_loss and sess.batch_local > 1:
+                for param in self._params:     # back to the per-sample sum: .loss_head
+                    if param.grad_req != "null":
+                        for grad in param.list_grad():
+                            grad *= sess.batch_local
             nd.waitall()
             if not sess.model_info:
                 sess.model_info = {"batchnorm": bool(self._stats.params)}
@@ -343,3 +401,9 @@ class Trainer(gluon.Trainer):
         """
 
         return _ckpt.save_trainer(self, directory)
+
+
+def _local_batch() -> int:
+    """This worker's batch in the current iteration (0 before the first)."""
+    sess = _session.current()
+    return sess.batch_local if sess is not None else 0

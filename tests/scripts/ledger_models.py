@@ -1,0 +1,44 @@
+"""The models and data of the exactness bank's ledger jobs, in plain MXNet (no mxlbbsp): the
+job's script (ledger_train.py) and the independent reference (tests/reference.py) both build
+them from here.
+
+Data: N samples of 16 features, shifted so that BatchNorm's running means are of order 1,
+with 4 classes from a random linear teacher plus noise; each item is (features, label,
+index): the index is how a job records which samples it trained on (its sample ledger).
+"""
+import numpy as np
+import mxnet as mx
+from mxnet import gluon, nd
+
+FEATURES, CLASSES = 16, 4
+MODELS = ("mlp", "bn")
+
+
+def arrays(samples: int, seed: int = 1234):
+    """(features, labels) as numpy arrays."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(samples, FEATURES)).astype(np.float32) * 2.0 + 1.0
+    teacher = rng.normal(size=(FEATURES, CLASSES))
+    y = np.argmax(x @ teacher + rng.normal(scale=2.0, size=(samples, CLASSES)), axis=1)
+    return x, y.astype(np.float32)
+
+
+def dataset(samples: int, seed: int = 1234):
+    x, y = arrays(samples, seed)
+    index = np.arange(samples, dtype=np.float32)
+    return gluon.data.ArrayDataset(nd.array(x), nd.array(y), nd.array(index))
+
+
+def model(name: str, bn_momentum: float = 0.9):
+    """``mlp``: two dense layers; ``bn``: with a BatchNorm between them (softplus, not ReLU:
+    a ReLU's kink amplifies float rounding). Every shape given, so that ``initialize()``
+    makes the parameters at once, the same on every worker under the same seed."""
+    net = gluon.nn.HybridSequential()
+    with net.name_scope():
+        net.add(gluon.nn.Dense(32, in_units=FEATURES))
+        if name == "bn":
+            net.add(gluon.nn.BatchNorm(momentum=bn_momentum, in_channels=32))
+        net.add(gluon.nn.Activation("softrelu"), gluon.nn.Dense(CLASSES, in_units=32))
+    mx.random.seed(0)
+    net.initialize(mx.init.Xavier())
+    return net

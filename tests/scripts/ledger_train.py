@@ -1,0 +1,81 @@
+"""A Gluon training script for mxlbbsp jobs that records its sample ledger: which samples
+each worker trained on at each iteration, read from the batches it was given (the data set's
+items carry their index). tests/reference.py trains plain Gluon on those recorded global
+batches and the test compares the parameters.
+
+    ledger_train.py OUT_DIR [--model mlp|bn] [--samples N] [--batch-size B] [--epochs E]
+                    [--loss sample|mean] [--step none|one|n] [--lr LR] [--momentum M]
+                    [--seed-per-rank] [--shard-by-rank] [--loader-workers K]
+
+Writes OUT_DIR/init.params (rank 0, once: the parameters before training), appends
+OUT_DIR/ledger-rank<r>.jsonl (one line per iteration: iteration, rank, workers, launch,
+indices) and, at the end, OUT_DIR/rank<r>.params. ``--loss mean``: ``loss.mean()`` (a
+habit mxlbbsp must make exact); ``--step one``: Gluon's ``trainer.step(1)``, ``--step n``:
+``trainer.step(len(data))``; ``--seed-per-rank``: each worker shuffles with its own seed,
+``--shard-by-rank``: each holds other samples (mistakes mxlbbsp refuses).
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+from mxnet import autograd, gluon
+
+import mxlbbsp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ledger_models  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--model", default="mlp", choices=ledger_models.MODELS)
+p.add_argument("--samples", type=int, default=300)
+p.add_argument("--batch-size", type=int, default=32)
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--loss", default="sample", choices=["sample", "mean"])
+p.add_argument("--step", default="none", choices=["none", "one", "n"])
+p.add_argument("--lr", type=float, default=0.1)
+p.add_argument("--momentum", type=float, default=0.9)
+p.add_argument("--seed-per-rank", action="store_true")
+p.add_argument("--shard-by-rank", action="store_true")
+p.add_argument("--loader-workers", type=int, default=0)
+args = p.parse_args()
+
+rank = mxlbbsp.rank()
+net = ledger_models.model(args.model)
+init = os.path.join(args.out, "init.params")
+if rank == 0 and not os.path.exists(init):
+    net.save_parameters(init)
+data = ledger_models.dataset(args.samples, seed=1234 + (rank if args.shard_by_rank else 0))
+loader = mxlbbsp.DataLoader(data, global_batch_size=args.batch_size, shuffle=True,
+                            seed=rank if args.seed_per_rank else 0,
+                            num_workers=args.loader_workers)
+trainer = mxlbbsp.Trainer(net.collect_params(), "sgd",
+                          {"learning_rate": args.lr, "momentum": args.momentum})
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+# a launch's lines are told apart from an earlier launch's (a restart, a resume)
+launch = hashlib.sha1(os.environ.get("MXLBBSP_TOKEN", "single").encode()).hexdigest()[:8]
+ledger = open(os.path.join(args.out, f"ledger-rank{rank}.jsonl"), "a")
+t = loader.resumed_iteration
+for epoch in range(args.epochs):
+    for x, y, index in loader:
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+            if args.loss == "mean":
+                loss = loss.mean()
+        loss.backward()
+        if args.step == "one":
+            trainer.step(1)
+        elif args.step == "n":
+            trainer.step(x.shape[0])
+        else:
+            trainer.step()
+        ledger.write(json.dumps({"iteration": t, "rank": rank, "workers": mxlbbsp.num_workers(),
+                                 "launch": launch, "time": time.time(),
+                                 "indices": [int(i) for i in index.asnumpy()]}) + "\n")
+        ledger.flush()
+        t += 1
+net.save_parameters(os.path.join(args.out, f"rank{rank}.params"))
+print(f"finished at iteration {t}")
