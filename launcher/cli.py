@@ -146,9 +146,10 @@ def cli(verbose):
                                                   # like torchrun: the options end at the
                                                   # command's first word, -- or not
                                                   "allow_interspersed_args": False})
-@click.option("-n", "--num-workers", type=int, metavar="N",
+@click.option("-n", "-np", "--num-workers", type=int, metavar="N",
               help="Number of workers (default with -H or in a SLURM allocation: one per "
-                   "slot).")
+                   "slot). -np is horovodrun's spelling. Each worker gets MXLBBSP_RANK and, "
+                   "as torchrun sets them, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.")
 @click.option("-s", "--num-servers", type=int, default=_default("num_servers"), show_default=True, metavar="N",
               help="Number of parameter servers.")
 @click.option("-H", "--hostfile", metavar="HOSTS",

@@ -121,7 +121,8 @@ class RoleBuilder:
                                        self.token, host.name,
                                        cfg.slowdown[r].encode() if cfg.emulate_slowdown else None,
                                        (cfg.emulate_compute or 0.0) / 1000.0,
-                                       cfg.signal_columns, local[r]))
+                                       cfg.signal_columns, local[r],
+                                       len(self.placement.workers)))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
                                            self.resume_from))

@@ -26,7 +26,8 @@ def test_options_after_the_command_are_the_commands(tmp_path, dashes):
     out = tmp_path / "argv"
     args = ["--lr", "0.1", "--epochs", "3", "--metrics", "m.jsonl", "--checkpoint-dir", "ckx",
             "-n", "5", "--", "x"]
-    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, *dashes, PY, PROBE, out, *args,
+    count = "-np" if dashes else "-n"           # horovodrun's spelling too
+    r = run_mxlbbsp("launch", count, 2, "--progress", 0, *dashes, PY, PROBE, out, *args,
                     cwd=tmp_path)
     assert r.rc == 0, r.output
     got = probes(out, 2)
@@ -36,6 +37,8 @@ def test_options_after_the_command_are_the_commands(tmp_path, dashes):
     assert not (tmp_path / f"{out.name}.2.json").exists()
     # and each worker's place on this machine (one host: all of the job's workers)
     assert [(p["local_rank"], p["local_size"]) for p in got] == [(0, 2), (1, 2)]
+    # as torchrun sets them: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+    assert [p["torchrun"] for p in got] == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
 
 
 def test_a_single_process_is_local_rank_0_of_1(tmp_path):

@@ -62,7 +62,8 @@ def test_bad_launch_option(args, needle):
 
 def test_reserved_names_are_every_variable_the_launcher_writes():
     written = set(_env.ps_env("worker", "h", 1, 1, 1, node_host="h", interface="lo"))
-    written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5, ("runq",), (0, 1)))
+    written |= set(_env.worker_env(0, "lbbsp", ("h", 1), "t", "h", "3", 0.5, ("runq",), (0, 1),
+                                   world_size=2))
     written |= set(_env.relay_env("\0relay", ("h", 1), "t", "h", 2))     # a host's relay
     from mxlbbsp import modes
     for name in modes.available():                   # the sync modes' own variables

@@ -93,6 +93,10 @@ RANK = "MXLBBSP_RANK"
 HOST = "MXLBBSP_HOST"
 LOCAL_RANK = "MXLBBSP_LOCAL_RANK"
 LOCAL_SIZE = "MXLBBSP_LOCAL_SIZE"
+#: torchrun's and horovodrun's names for a worker's place in the job, set beside mxlbbsp's
+#: own, so that a script written for those launchers finds its rank
+TORCH_RANK, TORCH_WORLD_SIZE = "RANK", "WORLD_SIZE"
+TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 SLOWDOWN = "MXLBBSP_SLOWDOWN"
 SAMPLE_COST = "MXLBBSP_SAMPLE_COST"
 SIGNALS = "MXLBBSP_SIGNALS"
@@ -118,6 +122,8 @@ RESERVED = {
     COORDINATOR: "--bind", RELAY: "--relay", TOKEN: None, SYNC: "--sync", RANK: None,
     HOST: None,
     LOCAL_RANK: None, LOCAL_SIZE: None,
+    TORCH_RANK: None, TORCH_WORLD_SIZE: "-n/--num-workers", TORCH_LOCAL_RANK: None,
+    TORCH_LOCAL_WORLD_SIZE: None,
     SLOWDOWN: "--emulate-slowdown", SAMPLE_COST: "--emulate-compute",
     LR_SCALING: "--lr-scaling", SIGNALS: "--signals",
 }
@@ -330,9 +336,10 @@ def hub_env(listen: _protocol.Address, coordinator_addr: _protocol.Address, toke
 def worker_env(rank_: int, sync_mode: str, coordinator_addr: _protocol.Address, token_: str,
                host_label: str, slowdown_spec: Optional[str] = None,
                sample_cost_s: float = 0.0, signal_columns: Optional[tuple] = None,
-               local: Tuple[int, int] = (0, 1)) -> dict:
-    """The MXLBBSP_* variables for one worker; ``local``: (local rank, local size);
-    ``coordinator_addr``: the coordinator's, or its host's relay's."""
+               local: Tuple[int, int] = (0, 1), world_size: Optional[int] = None) -> dict:
+    """The MXLBBSP_* variables for one worker, and torchrun's RANK, WORLD_SIZE, LOCAL_RANK
+    and LOCAL_WORLD_SIZE; ``local``: (local rank, local size); ``coordinator_addr``: the
+    coordinator's, or its host's relay's; ``world_size``: the job's workers."""
     env = {
         COORDINATOR: _protocol.format_address(coordinator_addr),
         TOKEN: token_,
@@ -341,7 +348,12 @@ def worker_env(rank_: int, sync_mode: str, coordinator_addr: _protocol.Address, 
         HOST: host_label,
         LOCAL_RANK: str(local[0]),
         LOCAL_SIZE: str(local[1]),
+        TORCH_RANK: str(rank_),
+        TORCH_LOCAL_RANK: str(local[0]),
+        TORCH_LOCAL_WORLD_SIZE: str(local[1]),
     }
+    if world_size is not None:
+        env[TORCH_WORLD_SIZE] = str(world_size)
     if slowdown_spec:
         env[SLOWDOWN] = slowdown_spec
     if sample_cost_s:
