@@ -21,18 +21,26 @@ MAX_BATCH = 10 ** 9
 #: a plan whose fastest choice takes longer than this (about 300 years) is refused
 MAX_FINISH_S = 1e10
 
-PLAN_HELP = """Predict, for each global batch size, the iteration time and the time to
+#: the profile fit's rules, as the help states them
+_POOLED, _COUNTS, _APART = (f"{_profile.BIN_RATIO - 1:.0%}", _profile.MIN_RECORDS,
+                            f"{_profile.MIN_RATIO:g}x")
+
+PLAN_HELP = f"""Predict, for each global batch size, the iteration time and the time to
 finish E epochs on the cluster of a short profiling run.
 
 \b
 METRICS.jsonl is the --metrics log of that run (any sync mode, a few dozen
-iterations); give several (e.g. two short runs at B and 4B) to pool them.
-Each worker's compute time is fitted as a + b/v (its fixed cost a and its
-speed v), which needs its batch sizes to vary: from a profile at one fixed B
-plan stops and asks for a varied one. The push/pull time is the median
-measured; the iteration time of a global batch b is then the LB-BSP makespan
-of b over those models plus the push/pull time, and an epoch of N samples is
-floor(N/B) iterations of B and one of the rest, N mod B.
+iterations); give several (e.g. two short runs at B and 4B, of any lengths)
+to pool them. Each worker's compute time is fitted as a + b/v (its fixed
+cost a and its speed v) through its median compute time at each of its local
+batch sizes (sizes within {_POOLED} pooled; a size counts from {_COUNTS} records,
+an epoch's short last batch never), which needs two sizes {_APART} apart: from
+a profile at one fixed B plan stops and asks for a second. It stops too when
+the medians do not grow with the batch size (timing noise swamps the cost of
+a sample). The push/pull time is the median measured; the iteration time of
+a global batch b is then the LB-BSP makespan of b over those models plus the
+push/pull time, and an epoch of N samples is floor(N/B) iterations of B and
+one of the rest, N mod B.
 With --deadline it marks the batches that meet it and picks the smallest one
 (the best accuracy, as in Courier), or the fastest when none does.
 
@@ -56,7 +64,7 @@ Examples:
 @click.option("--deadline", metavar="DURATION",
               help="Time budget for the E epochs, with a unit: 90s, 15m, 1h30m.")
 @click.option("--skip", type=int, default=1, show_default=True, metavar="N",
-              help="Leave out iterations below N (warm-up).")
+              help="Leave out each file's iterations below N (warm-up).")
 @click.option("--goodput", is_flag=True,
               help="Answer for --sync goodput instead: the batch it would start with (the "
                    "most goodput, throughput x statistical efficiency) and why.")
