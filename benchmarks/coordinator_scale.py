@@ -457,7 +457,7 @@ async def _call(fn):
 #: what --profile's breakdown times inside the coordinator, per iteration (phase -> owner
 #: attribute, method): the critical path from the last report to the broadcast is
 #: decide = speed model (the fit, the regime, the predictor) + allocate + send allocations
-PHASES = {"frames (all)": (None, "on_frame"), "lines (all)": (None, "on_line"),
+PHASES = {"frames (all)": ("inbox", "on_frames"), "lines (all)": ("inbox", "on_line"),
           "decide": (None, "decide"), "speed model": ("speed", "model"),
           "predictor observe+predict": ("_predictor", "observe"),
           "predictor predict": ("_predictor", "predict"),

@@ -23,10 +23,10 @@ way the reports and dones reach the iteration flow as batches (:class:`~mxlbbsp.
 frames.Rows`), handled as arrays: a relay's section, or one message of a worker connected
 directly; every other message as the worker sent it.
 
-The rooms: :mod:`.connection` (the peers' connections, refusals, what is written to them),
-:mod:`.inbox` (what comes in on them: hellos, lines, frames, dispatched to the handlers
-here), :mod:`.collect` (each iteration's reports and dones as arrays), :mod:`.speed` (predictor,
-time-model fit, the ``auto`` regime), :mod:`.recorder` (metrics records, totals, written by
+The rooms: :mod:`.connection` (its port: what it lets in, refusals), :mod:`.inbox` (what
+comes in: hellos, lines, frames, handed to the handlers here), :mod:`mxlbbsp.core.links`
+(what is written to the workers), :mod:`.collect` (each iteration's reports and dones as
+arrays), :mod:`.speed` (predictor, time-model fit, the ``auto`` regime), :mod:`.recorder` (metrics records, totals, written by
 a thread of their own), :mod:`.registration` (the checks of the workers' hellos); this
 module is the iteration flow, the lifecycle and the checkpoint state that ties them
 together. (About 450 lines: the message handlers share one state, which worker has sent what
@@ -49,13 +49,14 @@ import numpy as np
 from mxlbbsp import modes as _modes
 from mxlbbsp.control.collect import Collector
 from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
-from mxlbbsp.control.connection import Connection, Links
-from mxlbbsp.control.inbox import Inbox
+from mxlbbsp.control.connection import hello_gate, listen
+from mxlbbsp.control.inbox import Inbox, relay_config
 from mxlbbsp.control.recorder import Recorder
 from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
 from mxlbbsp.control.speed import SpeedModel
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
+from mxlbbsp.core.links import Links
 from mxlbbsp.core.store import save_coordinator
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,14 @@ log = logging.getLogger(__name__)
 ALLOC_LATENCY_KEPT = 100_000
 
 
-class Coordinator(Inbox):
+class Coordinator:
     """The coordination service of one job. ``start()`` it, hand its address to the workers.
 
     Over 250 lines: the iteration flow (hello, report, done, log, bye) and the lifecycle
     share the job's state (which worker sent what of which iteration); the rooms it hands
-    work to (connection, inbox, collect, speed, recorder, registration) hold the rest.
+    work to (connection, inbox, collect, speed, recorder, registration) hold the rest. It is
+    the :class:`~mxlbbsp.control.inbox.InboxHandler` of its inbox and the
+    :class:`~mxlbbsp.modes.Control` of its mode's policy.
     """
 
     def __init__(self, config: CoordinatorConfig):
@@ -88,7 +91,8 @@ class Coordinator(Inbox):
                                        config.max_batch,
                                        prefer_equal=config.time_model == "auto")
         n = config.num_workers
-        self.links = Links(self._fail, n)
+        self.links = Links()
+        self._gate = hello_gate(config.token)
         self.recorder = Recorder(n, config.metrics_path, config.tensorboard_dir, config.warmup,
                                  append=config.resume_manifest is not None, fail=self._fail,
                                  sync=config.sync, predictor=config.predictor)
@@ -98,6 +102,9 @@ class Coordinator(Inbox):
         #: the policy's per-worker hooks, when it has any (each row then as a message)
         self._hooks = {P.REPORT: type(self._policy).on_report is not base.on_report,
                        P.DONE: type(self._policy).on_done is not base.on_done}
+        self.inbox = Inbox(self, self.links, relay_config(
+            _modes.get(config.sync).barrier, self._hooks[P.DONE],
+            config.checkpoint_every if config.checkpoint_dir else 0))
         self._hellos: Dict[int, dict] = {}
         self._hosts: List[Optional[str]] = [None] * n      # rank -> its host (records)
         #: iteration -> the relays' predictor states of it, (ranks, state) (checkpoints)
@@ -127,8 +134,7 @@ class Coordinator(Inbox):
     _predictor = property(lambda self: self.speed.predictor)
     _fit = property(lambda self: self.speed.fit)
     _regime = property(lambda self: self.speed.regime)
-    _writers = property(lambda self: self.links.writers)
-    refused = property(lambda self: self.links.refused,
+    refused = property(lambda self: self._gate.refusals.count,
                        doc="connections refused before a hello")
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -179,9 +185,8 @@ class Coordinator(Inbox):
             self._loop = loop
             self.recorder.call_soon = loop.call_soon_threadsafe
             try:
-                self._server = loop.run_until_complete(loop.create_server(
-                    lambda: Connection(self), self.config.host, self.config.port,
-                    backlog=4096))
+                self._server = loop.run_until_complete(listen(
+                    self.inbox, self._gate, self.config.host, self.config.port))
                 self.address = self._server.sockets[0].getsockname()[:2]
             except OSError as exc:
                 errors.append(exc)
@@ -261,7 +266,43 @@ class Coordinator(Inbox):
             return Waiting(t, "report", np.flatnonzero(~reported).tolist())
         return Waiting(t, "done", np.flatnonzero(~done).tolist())
 
-    # ---- messages ---------------------------------------------------------------------------
+    # ---- messages (the inbox's handler: control.inbox.InboxHandler) ------------------------
+
+    def on_message(self, rank: int, msg: dict) -> None:
+        """A registered worker's message other than a report or a done."""
+        kind = msg["type"]
+        if kind == P.LOG:
+            self._on_log(rank, msg)
+        elif kind == P.BYE:
+            self._on_bye(rank, msg)
+        elif not self._policy.on_message(rank, msg):
+            raise P.ProtocolError(f"unexpected message {kind!r}")
+
+    def on_forecasts(self, iteration: int, ranks: np.ndarray, forecasts: np.ndarray,
+                     fallbacks: np.ndarray) -> None:
+        """A relay's forecasts of its workers' speeds at ``iteration`` + 1."""
+        self.collect.forecasts(iteration, ranks, forecasts, fallbacks)
+
+    def on_state(self, iteration: int, ranks: List[int], state: dict) -> None:
+        """A relay's predictor state after an iteration the coordinator checkpoints (a
+        hub's relays send theirs one by one): joined by ``state_dict``."""
+        self._relay_states.setdefault(iteration, []).append((ranks, state))
+        horizon = iteration - 2 * max(self.config.checkpoint_every, 1)
+        for old in [k for k in self._relay_states if k < horizon]:
+            del self._relay_states[old]
+
+    def on_lost(self, rank: int) -> None:
+        if not self._byes[rank] and self.failure is None:
+            self._fail(f"worker {rank} lost its connection to the coordinator before it "
+                       "finished", fatal_for_workers=False)
+
+    def on_relay_lost(self, relay) -> None:
+        if self.failure is None and not self._byes[relay.ranks_array].all():
+            self._fail(f"{relay.describe()} lost its connection to the coordinator before its "
+                       "workers finished", fatal_for_workers=False)
+
+    def on_malformed(self, message: str) -> None:
+        self._fail(message)
 
     def _on_bye(self, rank: int, msg: dict) -> None:
         self._byes[rank] = True
@@ -317,9 +358,9 @@ class Coordinator(Inbox):
 
     # ---- registration ---------------------------------------------------------------------
 
-    def _on_hello(self, msg: dict, writer, relay=None) -> Optional[int]:
-        """A worker's hello (``writer``: its own transport, or :class:`ViaRelay`); its rank
-        once registered, else None (after an error to it)."""
+    def on_hello(self, msg: dict, writer) -> Optional[int]:
+        """A worker's hello (``writer``: its own transport, or :class:`~mxlbbsp.core.links.
+        ViaRelay`); its rank once registered, else None (after an error to it)."""
         n = self.config.num_workers
         rank = msg.get("rank")
         refused = (f"rank {rank!r} is outside 0..{n - 1}"
@@ -331,7 +372,7 @@ class Coordinator(Inbox):
             return None
         self._hellos[rank] = msg
         self._hosts[rank] = msg.get("host")
-        self.links.register(rank, writer, relay)
+        self.links.register(rank, writer)
         if len(self._hellos) == n:
             hellos = [self._hellos[r] for r in range(n)]
             problem = check_hellos(hellos, self.config, self._policy, self.balancer) \
@@ -348,9 +389,25 @@ class Coordinator(Inbox):
                 self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
         return rank
 
+    def _hand_off_forecasts(self) -> None:
+        """Every worker has said hello: with a separable predictor, each relay forecasts its
+        own workers from now on (its CONFIG's ``forecast``; the part of a checkpoint's
+        predictor state that is theirs, when the job resumed)."""
+        speed, cfg = self.speed, self.config
+        if not any(relay.ranks for relay in self.links.relays) or not speed.separable():
+            return
+        full = speed.hand_off(self.links.behind(cfg.num_workers))
+        relays = self.links.hand_off(
+            {"predictor": speed.predictor_name, "exog": list(cfg.exog),
+             "from": self._start + cfg.warmup, "ranks": list(range(cfg.num_workers)),
+             "state": full}, speed.part_of)
+        log.debug("the relays (%d connection(s)) forecast their %d workers (%s); the coordinator "
+                  "the other %d", relays, int(speed.remote.sum()), speed.predictor_name,
+                  len(speed.local))
+
     # ---- iterations -----------------------------------------------------------------------
 
-    def _on_rows(self, rows) -> None:
+    def on_rows(self, rows) -> None:
         """A batch of reports, or of dones, of one iteration (:class:`~mxlbbsp.core.frames.
         Rows`); WorkerError for a malformed one."""
         if rows.what == P.REPORT:

@@ -1,32 +1,32 @@
-"""What comes in on the coordinator's connections, parsed and handed to its handlers.
+"""What comes in on the coordinator's connections, parsed and handed to the coordinator.
 
-A connection's first line is a hello: a worker's (it registers the worker) or a relay's (its
-connection carries frames from then on: :mod:`mxlbbsp.core.frames`). A registered worker's
-lines, and the frames of a relay (a section of reports or dones, a worker's message
-forwarded with its rank, a worker's connection lost), become calls of the coordinator's
-handlers: reports and dones as batches (:class:`~mxlbbsp.core.frames.Rows`), every other
-message as the worker sent it. A malformed message of a registered worker fails the job,
-naming the worker; a malformed frame, naming the relay; a connection that never said a
-valid hello is refused.
+A connection's first line is a hello (:mod:`.connection` lets it in): a worker's, which the
+coordinator registers, or a relay's, whose connection carries frames from then on
+(:mod:`mxlbbsp.core.frames`): the inbox adds its link and sends it the coordinator's CONFIG.
+A registered worker's lines and a relay's frames (a section of reports or dones, forecasts,
+a predictor's state, a worker's message forwarded with its rank, a worker's connection lost)
+become calls of an :class:`InboxHandler`: reports and dones as batches
+(:class:`~mxlbbsp.core.frames.Rows`), every other message as the worker sent it. A malformed
+message of a registered worker fails the job, naming the worker; a malformed frame, naming
+the relay.
 
-:class:`Inbox` is a part of :class:`~mxlbbsp.control.coordinator.Coordinator` (its state is
-the coordinator's), kept in a room of its own. No framework import.
+:class:`Inbox` is the :class:`~mxlbbsp.core.peer.PeerHandler` of the coordinator's peers; the
+coordinator is its handler. A new frame type is one more branch of :meth:`Inbox._frame`.
+No framework import.
 """
 from __future__ import annotations
 
 import json
-import logging
 import time
+from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
-from mxlbbsp import modes as _modes
 from mxlbbsp.control.collect import WorkerError
-from mxlbbsp.control.connection import Connection, ViaRelay
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
-
-log = logging.getLogger(__name__)
+from mxlbbsp.core.links import Links, RelayLink, ViaRelay, Writer
+from mxlbbsp.core.peer import Peer
 
 #: how long a relay may hold back a section until every worker of its host has sent its part,
 #: in a mode with a barrier per iteration (where the coordinator waits for every worker
@@ -38,162 +38,161 @@ RELAY_HOLD_S = 0.05
 RELAY_DONE_HOLD_S = 1.0
 
 
-class Inbox:
-    """The coordinator's side of its connections (see the module docstring)."""
+def relay_config(barrier: bool, reads_dones: bool, checkpoint_every: int) -> dict:
+    """The CONFIG a relay gets after its hello (:mod:`mxlbbsp.core.frames`): in a mode with
+    a ``barrier`` per iteration, its sections may wait RELAY_HOLD_S for the host's late
+    workers, and when no policy ``reads_dones``, a complete section of dones RELAY_DONE_HOLD_S
+    for the host's next reports; ``checkpoint_every``: the coordinator's period (0: none)."""
+    return {"hold_s": RELAY_HOLD_S if barrier else 0.0,
+            "done_hold_s": RELAY_DONE_HOLD_S if barrier and not reads_dones else 0.0,
+            "checkpoint_every": checkpoint_every}
 
-    def on_line(self, conn: Connection, line: bytes) -> bool:
-        """One line of a connection (a worker's, or a relay's hello); False when the
-        connection is done with."""
-        rank = conn.rank
+
+class InboxHandler(Protocol):
+    """The coordinator as its inbox sees it: what comes in, parsed
+    (:class:`~mxlbbsp.control.coordinator.Coordinator` implements it)."""
+
+    def on_hello(self, msg: dict, writer: Writer) -> Optional[int]:
+        """A worker's hello (``writer``: its own transport, or :class:`ViaRelay`): its rank
+        once registered, else None (the worker was told why and closed)."""
+
+    def on_rows(self, rows: F.Rows) -> None:
+        """Reports, or dones, of one iteration; WorkerError for a malformed one."""
+
+    def on_forecasts(self, iteration: int, ranks: np.ndarray, forecasts: np.ndarray,
+                     fallbacks: np.ndarray) -> None:
+        """A relay's forecasts of its workers' speeds at ``iteration`` + 1."""
+
+    def on_state(self, iteration: int, ranks: List[int], state: dict) -> None:
+        """A relay's predictor state after ``iteration`` (one the coordinator checkpoints)."""
+
+    def on_message(self, rank: int, msg: dict) -> None:
+        """Any other message of a registered worker (log, bye, a mode's own); ProtocolError
+        for one nobody takes."""
+
+    def on_lost(self, rank: int) -> None:
+        """A registered worker's connection closed (its own, or at its relay)."""
+
+    def on_relay_lost(self, relay: RelayLink) -> None:
+        """A relay's connection closed."""
+
+    def on_malformed(self, message: str) -> None:
+        """A registered peer's malformed message or frame: the job fails with ``message``."""
+
+
+class Inbox:
+    """The coordinator's side of its connections (see the module docstring): ``links``
+    registers the relays; ``config``, the CONFIG a relay gets after its hello."""
+
+    def __init__(self, handler: InboxHandler, links: Links, config: dict):
+        self.handler, self.links = handler, links
+        self._config = F.frame(F.CONFIG, P.encode(config))
+
+    # ---- the peers (mxlbbsp.core.peer.PeerHandler) ----------------------------------------
+
+    def on_hello(self, peer: Peer, msg: dict, line: bytes) -> bool:
+        if msg["type"] == P.RELAY:          # frames from now on
+            host, workers = P.relay_of(msg)
+            peer.relay = self.links.add_relay(peer.transport, host, workers)
+            peer.transport.write(self._config)
+            return True
+        peer.rank = self.handler.on_hello(msg, peer.transport)
+        return peer.rank is not None
+
+    def on_line(self, peer: Peer, line: bytes) -> bool:
+        """One line of a worker connected directly."""
         try:
-            # before authentication nothing longer than a hello is parsed
-            msg = P.decode(line, P.MAX_HELLO if rank is None else P.MAX_LINE)
-            if rank is None:
-                kind = msg["type"]
-                if kind not in (P.HELLO, P.RELAY) or not P.token_ok(msg, self.config.token):
-                    self.links.refuse(conn, "bad hello or token")
-                    return False
-                if kind == P.RELAY:
-                    return self._on_relay(conn, msg)
-                conn.rank = self._on_hello(msg, conn.transport)
-                if conn.rank is None:       # refused, its connection closed
-                    return False
-            else:
-                self._dispatch(rank, msg)
-        except WorkerError as exc:
-            self.links.reject(conn, str(exc))
-            return False
+            self._message(peer.rank, P.decode(line, P.MAX_LINE))
         except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            if rank is None:
-                self.links.refuse(conn, str(exc) if isinstance(exc, P.ProtocolError)
-                                  else "malformed hello")
-            else:
-                self.links.reject(conn, str(exc) if not isinstance(exc, RecursionError)
-                                  else "message nested too deeply")
+            self.on_malformed(peer, _reason(exc))
             return False
         return True
 
-    def on_frame(self, conn: Connection, kind: int, body: bytes) -> bool:
-        """One frame of a relay; False when the connection is done with."""
-        relay = conn.relay
+    def on_frames(self, peer: Peer, frames: List[Tuple[int, bytes]]) -> bool:
+        """A relay's frames of one read."""
+        for kind, body in frames:
+            if not self._frame(peer, kind, body):
+                return False
+        return True
+
+    def on_malformed(self, peer: Peer, reason: str) -> None:
+        who = f"worker {peer.rank}" if peer.rank is not None else peer.relay.describe()
+        self.handler.on_malformed(f"{who}: protocol error: {reason}")
+        peer.transport.close()
+
+    def on_lost(self, peer: Peer) -> None:
+        if peer.relay is not None:
+            self.handler.on_relay_lost(peer.relay)
+        elif self.links.writers.get(peer.rank) is peer.transport:
+            self.handler.on_lost(peer.rank)
+
+    # ---- what they say --------------------------------------------------------------------
+
+    def _frame(self, peer: Peer, kind: int, body: bytes) -> bool:
+        """One frame of a relay; False when its connection is done with."""
+        relay, handler = peer.relay, self.handler
         rank = None
         try:
             if kind == F.ROWS:
                 rows = F.decode_rows(body, time.time())
                 if not relay.serves(rows.ranks):
                     raise F.FrameError("a section of workers it does not serve")
-                self._on_rows(rows)
+                handler.on_rows(rows)
             elif kind == F.FORECAST:
                 t, ranks, values, fallbacks = F.read_forecast(body)
                 if not relay.serves(ranks):
                     raise F.FrameError("forecasts of workers it does not serve")
-                self.collect.forecasts(t, ranks, values, fallbacks)
+                handler.on_forecasts(t, ranks, values, fallbacks)
             elif kind == F.STATE:
-                self._on_state(relay, body)
+                handler.on_state(*self._state(relay, body))
             elif kind in (F.FORWARD, F.LOST):
                 rank, line = F.split_rank(body)
-                registered = self.links.writers.get(rank)
-                mine = isinstance(registered, ViaRelay) and registered.relay is relay
+                mine = self.links.relay_of(rank) is relay
                 if kind == F.LOST:
                     if mine:
-                        self._on_lost_rank(rank)
+                        handler.on_lost(rank)
                 elif mine:
-                    self._dispatch(rank, P.decode(line, P.MAX_LINE))
+                    self._message(rank, P.decode(line, P.MAX_LINE))
                 else:                   # a worker's first message: its hello
                     msg = P.decode(line, P.MAX_HELLO)
                     if msg["type"] != P.HELLO or msg.get("rank") != rank:
                         raise F.FrameError(f"a first message of worker {rank} that is not "
                                            "its hello")
-                    self._on_hello(msg, ViaRelay(relay, rank), relay)
+                    handler.on_hello(msg, ViaRelay(relay, rank))
             else:
                 raise F.FrameError(f"a frame of unknown kind {kind}")
         except WorkerError as exc:
-            self._fail(f"worker {exc.rank}: protocol error: {exc}")
+            handler.on_malformed(f"worker {exc.rank}: protocol error: {exc}")
         except F.FrameError as exc:
-            self.links.reject(conn, str(exc))
+            self.on_malformed(peer, str(exc))
             return False
         except (P.ProtocolError, ValueError, KeyError, TypeError, RecursionError) as exc:
             if rank is None:
-                self.links.reject(conn, str(exc))
+                self.on_malformed(peer, str(exc))
                 return False
-            self._fail(f"worker {rank}: protocol error: "
-                       + (str(exc) if not isinstance(exc, RecursionError)
-                          else "message nested too deeply"))
+            handler.on_malformed(f"worker {rank}: protocol error: {_reason(exc)}")
         return True
 
-    def _on_relay(self, conn: Connection, msg: dict) -> bool:
-        """A relay's hello: its connection carries frames from now on."""
-        host, workers = msg.get("host"), msg.get("workers")
-        if not isinstance(host, str) or type(workers) is not int or workers < 1:
-            raise P.ProtocolError("a relay's hello needs its host and its number of workers")
-        conn.relay = self.links.add_relay(conn, host, workers)
-        barrier = _modes.get(self.config.sync).barrier
-        hold = RELAY_HOLD_S if barrier else 0.0
-        done_hold = RELAY_DONE_HOLD_S if barrier and not self._hooks[P.DONE] else 0.0
-        every = self.config.checkpoint_every if self.config.checkpoint_dir else 0
-        conn.transport.write(F.frame(F.CONFIG, P.encode({"hold_s": hold,
-                                                         "done_hold_s": done_hold,
-                                                         "checkpoint_every": every})))
-        return True
-
-    def _hand_off_forecasts(self) -> None:
-        """Every worker has said hello: with a separable predictor, each relay forecasts its
-        own workers from now on (its CONFIG's ``forecast``; the part of a checkpoint's
-        predictor state that is theirs, when the job resumed)."""
-        relays = [relay for relay in self.links.relays if relay.ranks]
-        speed, cfg = self.speed, self.config
-        if not relays or not speed.separable():
-            return
-        full = speed.hand_off(self.links.owner >= 0)
-        for relay in relays:
-            ranks = relay.ranks_array
-            forecast = {"predictor": speed.predictor_name, "exog": list(cfg.exog),
-                        "from": self._start + cfg.warmup, "ranks": ranks.tolist(),
-                        "state": None if full is None else speed.part_of(full, ranks)}
-            # a predictor's state may hold NaN: plain JSON, not the protocol's lines
-            relay.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": forecast}).encode()))
-        log.debug("the relays (%d connection(s)) forecast their %d workers (%s); the coordinator "
-                  "the other %d", len(relays), int(speed.remote.sum()), speed.predictor_name,
-                  len(speed.local))
-
-    def _on_state(self, relay, body: bytes) -> None:
-        """A relay's predictor state after an iteration the coordinator checkpoints."""
+    @staticmethod
+    def _state(relay: RelayLink, body: bytes) -> Tuple[int, List[int], dict]:
+        """A STATE frame's iteration, ranks (any of the relay's: a hub's relays send theirs
+        one by one) and predictor state."""
         msg = json.loads(body)
-        t, ranks = msg.get("iteration"), msg.get("ranks")
-        # a hub's relays send theirs one by one: any ranks of this relay's
-        if type(t) is not int or not isinstance(ranks, list) or not isinstance(
-                msg.get("state"), dict) or not ranks or not all(type(r) is int for r in ranks) \
+        t, ranks, state = msg.get("iteration"), msg.get("ranks"), msg.get("state")
+        if type(t) is not int or not isinstance(ranks, list) or not isinstance(state, dict) \
+                or not ranks or not all(type(r) is int for r in ranks) \
                 or not relay.serves(np.array(ranks, dtype=np.int64)):
             raise F.FrameError("a STATE frame without its iteration, ranks and state")
-        states = self._relay_states.setdefault(t, [])
-        states.append((ranks, msg["state"]))
-        for old in [k for k in self._relay_states if k < t - 2 * max(self.config.checkpoint_every, 1)]:
-            del self._relay_states[old]
+        return t, ranks, state
 
-    def _dispatch(self, rank: int, msg: dict) -> None:
+    def _message(self, rank: int, msg: dict) -> None:
         """A registered worker's message (directly or through its relay)."""
-        kind = msg["type"]
-        if kind == P.REPORT or kind == P.DONE:
+        if msg["type"] in F.BATCHED:
             F.check_iteration(msg)
-            self._on_rows(F.Rows.from_messages([rank], [msg], time.time()))
-        elif kind == P.LOG:
-            self._on_log(rank, msg)
-        elif kind == P.BYE:
-            self._on_bye(rank, msg)
-        elif not self._policy.on_message(rank, msg):
-            raise P.ProtocolError(f"unexpected message {kind!r}")
+            self.handler.on_rows(F.Rows.from_messages([rank], [msg], time.time()))
+        else:
+            self.handler.on_message(rank, msg)
 
-    def on_lost(self, conn: Connection) -> None:
-        rank, relay = conn.rank, conn.relay
-        if rank is not None and self.links.writers.get(rank) is conn.transport:
-            self._on_lost_rank(rank)
-        elif relay is not None and self.failure is None \
-                and not self._byes[relay.ranks_array].all():
-            self._fail(f"{relay.describe()} lost its connection to the coordinator before its "
-                       "workers finished", fatal_for_workers=False)
 
-    def _on_lost_rank(self, rank: int) -> None:
-        if not self._byes[rank] and self.failure is None:
-            self._fail(f"worker {rank} lost its connection to the coordinator before it "
-                       "finished", fatal_for_workers=False)
-
+def _reason(exc: Exception) -> str:
+    return str(exc) if not isinstance(exc, RecursionError) else "message nested too deeply"

@@ -110,13 +110,51 @@ def split_rank(body) -> Tuple[int, bytes]:
     return _RANK.unpack_from(body)[0], bytes(body[4:])
 
 
+class SliceFrames:
+    """The SLICES frames of a split for several groups of ranks (one frame per relay), written
+    in arrays: one int64 buffer holds the frames one after the other, their fixed words
+    (header, count, ranks) written once; :meth:`fill` writes a split's iteration, total and
+    every slot's offset and size in four indexed assignments. ``ranks``: every slot's rank,
+    group after group; ``bounds``: each group's frame in the buffer's bytes, (start, end)."""
+
+    def __init__(self, groups: Sequence[np.ndarray]):
+        blocks, self.bounds, head, offsets, sizes = [], [], [], [], []
+        at = 0
+        for ranks in groups:
+            k = len(ranks)
+            words = 1 + 3 + 3 * k                   # header, iteration/total/count, columns
+            block = np.zeros(words, dtype="<i8")
+            block[0] = SLICES | ((words - 1) * 8) << 32       # HEADER: kind u8, 3 pad, u32
+            block[3] = k
+            block[4:4 + k] = ranks
+            blocks.append(block)
+            self.bounds.append((8 * at, 8 * (at + words)))
+            head.append(at + 1)
+            offsets.append(at + 4 + k + np.arange(k))
+            sizes.append(at + 4 + 2 * k + np.arange(k))
+            at += words
+        self._buffer = np.concatenate(blocks) if blocks else np.zeros(0, dtype="<i8")
+        self._head = np.array(head, dtype=np.intp)
+        self._offsets, self._sizes = (np.concatenate(x).astype(np.intp) if x
+                                      else np.zeros(0, dtype=np.intp) for x in (offsets, sizes))
+        self.ranks = np.concatenate(groups).astype(np.int64) if len(groups) \
+            else np.zeros(0, dtype=np.int64)
+
+    def fill(self, iteration: int, total: int, offsets: np.ndarray, sizes: np.ndarray) -> bytes:
+        """Every group's frame of the split of ``iteration`` (``total`` samples), one after the
+        other: ``offsets`` and ``sizes`` one per slot, in the order of ``ranks``."""
+        buffer = self._buffer
+        buffer[self._head] = iteration
+        buffer[self._head + 1] = total
+        buffer[self._offsets] = offsets
+        buffer[self._sizes] = sizes
+        return buffer.tobytes()
+
+
 def slices_frame(iteration: int, total: int, ranks: np.ndarray, offsets: np.ndarray,
                  sizes: np.ndarray) -> bytes:
-    body = b"".join((_SLICES_HEAD.pack(iteration, total, len(ranks)),
-                     np.ascontiguousarray(ranks, "<i8").tobytes(),
-                     np.ascontiguousarray(offsets, "<i8").tobytes(),
-                     np.ascontiguousarray(sizes, "<i8").tobytes()))
-    return frame(SLICES, body)
+    """One SLICES frame: workers ``ranks``' slices, their ``offsets`` and ``sizes``."""
+    return SliceFrames([np.asarray(ranks)]).fill(iteration, total, offsets, sizes)
 
 
 def read_slices(body) -> Tuple[int, int, np.ndarray]:

@@ -192,6 +192,14 @@ def relay_hello(token: str, host: str, workers: int, pid: int) -> Dict[str, Any]
     return {"type": RELAY, "token": token, "host": host, "workers": workers, "pid": pid}
 
 
+def relay_of(msg: Dict[str, Any]) -> Tuple[str, int]:
+    """A relay's hello's host and number of workers (ProtocolError without them)."""
+    host, workers = msg.get("host"), msg.get("workers")
+    if not isinstance(host, str) or type(workers) is not int or workers < 1:
+        raise ProtocolError("a relay's hello needs its host and its number of workers")
+    return host, workers
+
+
 def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:
     return {"type": WELCOME, "num_workers": num_workers, "sync": sync,
             "allocation": [int(b) for b in allocation]}
