@@ -31,15 +31,29 @@ from mxlbbsp.relay.hub import Hub
 from mxlbbsp.relay.relay import Relay
 
 
+def _watch_slices(node) -> None:
+    """Call ``node._slices_came(iteration)`` as each SLICES frame comes down, before it is
+    passed on (its links' pass_down wrapped on this instance: instrumentation only)."""
+    pass_down = node.links.pass_down
+
+    def watched(kind, body):
+        if kind == F.SLICES:
+            node._slices_came(struct.unpack_from("<q", body)[0])
+        return pass_down(kind, body)
+    node.links.pass_down = watched
+
+
 class TimedRelay(Relay):
     """A relay that notes when its report sections leave and its SLICES frames arrive."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        _watch_slices(self)
         self.sent: Dict[int, float] = {}      # iteration -> its reports' section left
         self.got: Dict[int, float] = {}       # iteration -> its SLICES frame came
         self.cpu: List[Tuple[int, float]] = []   # (iteration of a SLICES frame, CPU s)
         self.path: Dict[int, float] = {}      # iteration -> last report read to section out
+        self._leaving: List[int] = []         # iterations of the report sections being sent
 
     def _add(self, rank, msg) -> None:
         start = time.perf_counter()
@@ -48,21 +62,22 @@ class TimedRelay(Relay):
         if msg.get("type") == "report" and self.sent.get(t, 0.0) >= start:
             self.path[t] = self.sent[t] - start
 
-    def flush(self) -> None:
-        reports = [item.key[1] for item in self._pending
-                   if not isinstance(item, bytes) and item.key[0] == "report"]
-        super().flush()
-        now = time.perf_counter()
-        for t in reports:
-            self.sent[t] = now
+    def _encode(self, section, now):
+        if section.key[0] == "report":
+            self._leaving.append(section.key[1])
+        return super()._encode(section, now)
 
-    def on_frame(self, kind, body) -> None:
-        if kind == F.SLICES:
-            t = struct.unpack_from("<q", body)[0]
-            self.got[t] = time.perf_counter()
-            if self.cpu is not None:
-                self.cpu.append((t, time.process_time()))
-        super().on_frame(kind, body)
+    def _send(self, frames) -> None:
+        super()._send(frames)
+        now = time.perf_counter()
+        for t in self._leaving:
+            self.sent[t] = now
+        self._leaving = []
+
+    def _slices_came(self, t: int) -> None:
+        self.got[t] = time.perf_counter()
+        if self.cpu is not None:
+            self.cpu.append((t, time.process_time()))
 
 
 def hub_plan(hosts, per_hub: int) -> Tuple[list, List[str]]:
@@ -85,31 +100,36 @@ class TimedHub(Hub):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        _watch_slices(self)
         self.cpu: List[Tuple[int, float]] = []
         self.sent: Dict[int, float] = {}
         self.path: Dict[int, float] = {}
         self._read: Dict[int, float] = {}
+        self._leaving: List[int] = []
 
-    def _add(self, link, body) -> None:
+    def _add(self, relay, body) -> None:
         what, t, _ = F.rows_head(body)
         if what == 0:
             self._read[t] = time.perf_counter()
-        super()._add(link, body)
+        super()._add(relay, body)
 
-    def flush(self) -> None:
-        reports = [item.key[1] for item in self._pending
-                   if not isinstance(item, bytes) and item.key[0] == 0]
-        super().flush()
+    def _encode(self, section, now):
+        if section.key[0] == 0:
+            self._leaving.append(section.key[1])
+        return super()._encode(section, now)
+
+    def _send(self, frames) -> None:
+        super()._send(frames)
         now = time.perf_counter()
-        for t in reports:
+        for t in self._leaving:
             self.sent[t] = now
             if t in self._read:
                 self.path[t] = now - self._read.pop(t)
+        self._leaving = []
 
-    def on_frame(self, kind, body) -> None:
-        if kind == F.SLICES and self.cpu is not None:
-            self.cpu.append((struct.unpack_from("<q", body)[0], time.process_time()))
-        super().on_frame(kind, body)
+    def _slices_came(self, t: int) -> None:
+        if self.cpu is not None:
+            self.cpu.append((t, time.process_time()))
 
 
 def hub_process(upstream, token: str, hubs, conn, cpus=None) -> None:
@@ -161,7 +181,7 @@ async def _serve_all(nodes, conn) -> list:
     for node in nodes[1:]:
         node.cpu = None
     tasks = [asyncio.ensure_future(node.run()) for node in nodes]
-    while not all(node._server is not None for node in nodes):
+    while not all(node.uplink.server is not None for node in nodes):
         if any(t.done() for t in tasks):
             break
         await asyncio.sleep(0.01)
@@ -215,7 +235,7 @@ async def _relays(upstream, token, hosts, conn) -> dict:
     codes = await _serve_all(relays, conn)
     return {"codes": codes, "sent": [r.sent for r in relays], "got": [r.got for r in relays],
             "path": [r.path for r in relays],
-            "cpu": relays[0].cpu, "frames_up": sum(r.frames_up for r in relays),
+            "cpu": relays[0].cpu, "frames_up": sum(r.uplink.frames_up for r in relays),
             "sections_up": sum(r.sections_up for r in relays),
             "messages_up": sum(r.messages_up for r in relays)}
 

@@ -131,7 +131,7 @@ class RelayThread:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
-        while self.relay._server is None and self.rc is None and time.monotonic() < deadline:
+        while self.relay.uplink.server is None and self.rc is None and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def _make(self, upstream, token, host, workers):
@@ -150,7 +150,7 @@ class RelayThread:
     def stop(self):
         if self.loop is not None and self.rc is None:
             try:
-                self.loop.call_soon_threadsafe(self.relay._end, 0)
+                self.loop.call_soon_threadsafe(self.relay.uplink.end, 0)
             except RuntimeError:        # it ended meanwhile (its loop is closed)
                 pass
         self.thread.join(10)
@@ -435,7 +435,7 @@ def test_a_hub_merges_its_relays_sections_when_the_workers_log_every_iteration(t
 def test_a_relay_behind_a_hub_that_goes_away_fails_the_job_naming_its_workers(job):
     c, ss, relays = job(4, [2, 2], hub=True)
     run_iteration(ss, [0.05] * 4)
-    relays[2].loop.call_soon_threadsafe(relays[2].relay._up.abort)     # host1's relay
+    relays[2].loop.call_soon_threadsafe(relays[2].relay.uplink.transport.abort)     # host1's relay
     deadline = time.monotonic() + 5
     while c.failure is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -467,7 +467,7 @@ def test_a_worker_that_drops_its_connection_to_the_relay_is_named(job):
 def test_a_relay_that_goes_away_is_named_with_its_host(job):
     c, ss, relays = job(2, [2])
     run_iteration(ss, [0.05, 0.05])
-    relays[0].loop.call_soon_threadsafe(relays[0].relay._up.abort)
+    relays[0].loop.call_soon_threadsafe(relays[0].relay.uplink.transport.abort)
     deadline = time.monotonic() + 5
     while c.failure is None and time.monotonic() < deadline:
         time.sleep(0.02)

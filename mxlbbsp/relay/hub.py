@@ -13,7 +13,8 @@ it hands them the coordinator's CONFIG (their part of a ``forecast`` hand-off: t
 and the part of the predictor's state that is theirs) and passes on what comes down:
 
 * a SLICES frame cut into one per relay, TO_RANK and CLOSE to the relay of the rank, TO_ALL
-  to every relay;
+  to every relay of registered workers (:class:`mxlbbsp.core.links.Links`, as at the
+  coordinator);
 
 and up:
 
@@ -34,215 +35,161 @@ coordinator fails the job, naming them; the launcher names the relay's host). Wh
 coordinator's connection breaks the hub closes its relays' (they end as with a lost
 coordinator) and exits 1 with one line; once every relay of its group has come and gone, 0.
 
+Glue: its relays' connections are :class:`mxlbbsp.core.peer.Peer` (the hello gate, then
+frames) with the hub as their handler; what comes down is routed by
+:class:`mxlbbsp.core.links.Links`, as at the coordinator; what goes up waits in a
+:class:`.stream.PendingStream`, as in a relay, and leaves through its :class:`.uplink.Uplink`.
+
 Stdlib, numpy and the predictors' state helpers; no MXNet.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import socket
 import sys
 import time
-from typing import Dict, List, Optional
-
-import numpy as np
+from typing import List, Optional, Tuple
 
 from mxlbbsp import predictors as _pred
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
-from mxlbbsp.relay.uplink import Node
+from mxlbbsp.core.links import Links, RelayLink, ViaRelay
+from mxlbbsp.core.peer import Peer
+from mxlbbsp.relay.stream import PendingStream, Section
+from mxlbbsp.relay.uplink import Uplink
 
 log = logging.getLogger(__name__)
 
-#: a relay's connection without a hello for this long is closed
-HELLO_S = 30.0
 
-
-class _Section:
-    """Pending sections of one (type, iteration): (relay id, ROWS body, when it was read)."""
-
-    __slots__ = ("key", "index", "parts")
-
-    def __init__(self, key, index):
-        self.key, self.index, self.parts = key, index, []
-
-
-class Hub(Node):
+class Hub:
     """A group of relays' hub (see the module docstring): ``await run()`` serves until it
     ends and returns the exit code. ``relays``: how many relays of the job connect to it;
-    ``workers``: how many workers they serve in all."""
+    ``workers``: how many workers they serve in all.
+
+    The :class:`~mxlbbsp.core.peer.PeerHandler` of its relays' connections (a hello, frames,
+    a connection lost) and the :class:`~.uplink.UplinkOwner` of its own."""
 
     def __init__(self, listen: P.Address, upstream: P.Address, token: str, name: str,
                  relays: int, workers: int):
-        self.listen, self.upstream, self.token = listen, upstream, token
+        self.listen, self.upstream = listen, upstream
         self.name, self.expected_relays, self.expected = name, int(relays), int(workers)
         self.hold_s = 0.0
-        self.links: List["_RelayLink"] = []     # relays that said hello, in that order
-        self.child_of: Dict[int, "_RelayLink"] = {}    # rank -> its relay
         self.active: set = set()                # registered ranks that have not said bye
         self._config: Optional[bytes] = None    # the coordinator's first CONFIG, for late relays
-        self.label = name
-        self._init_node()       # its pending stream: per rank; _seen: the rows come of each
-        self._server = None     # (type, iteration); _ahead: STATE frames
+        self._gone = 0                          # relays whose connection closed
+        self.links = Links()                    # its relays, and their workers by rank
+        self.uplink = Uplink(self, name, token, (P.RELAY,), self.links)
+        self.stream = PendingStream(self._encode, self._send)
         self.sections_in = self.sections_up = 0  # statistics (tests, benchmarks)
 
-    # ---- lifecycle --------------------------------------------------------------------
+    writes_up = property(lambda self: self.uplink.writes_up,
+                         doc="writes to the coordinator (statistics: tests, benchmarks)")
+
+    # ---- lifecycle (the uplink's owner) ---------------------------------------------------
 
     async def run(self) -> int:
-        return await self._serve(self.upstream, self.listen, self.name, self.expected,
-                                 lambda: _RelayLink(self))
+        return await self.uplink.serve(self.upstream, self.listen, self.name, self.expected)
 
-    def _closing(self) -> None:
-        for link in self.links:
-            link.transport.close()
+    def closing(self) -> None:
+        self.links.close_all()
+        self.stream.flush()
 
     def upstream_lost(self) -> None:
-        if len(self.links) >= self.expected_relays and not self.active \
-                and len(self.child_of) >= self.expected:
-            self._end(0)                        # every worker had said bye
+        if len(self.links.relays) >= self.expected_relays and not self.active \
+                and len(self.links.writers) >= self.expected:
+            self.uplink.end(0)                  # every worker had said bye
         else:
-            self._end(1, f"{self.name} lost its connection to the coordinator")
+            self.uplink.end(1, f"{self.name} lost its connection to the coordinator")
 
-    # ---- from the coordinator -----------------------------------------------------------
+    def on_config(self, config: dict, body: bytes) -> None:
+        """The coordinator's CONFIG: to every relay (the first also to those that come
+        later), a forecast hand-off cut per relay. (SLICES, TO_RANK, CLOSE and TO_ALL reach
+        the relays through the uplink's links, as at the coordinator.)"""
+        if "hold_s" in config:
+            self.hold_s = float(config["hold_s"])
+            self._config = F.frame(F.CONFIG, body)
+            for relay in self.links.relays:
+                relay.transport.write(self._config)
+        forecast = config.get("forecast")
+        if forecast:
+            name, columns = str(forecast["predictor"]), len(forecast.get("exog") or ()) or 1
+            self.links.hand_off(forecast, lambda state, index: _pred.state_of_workers(
+                name, columns, state, index))
 
-    def on_frame(self, kind: int, body) -> None:
-        if kind == F.SLICES:
-            self._slices(body)
-        elif kind == F.TO_RANK or kind == F.CLOSE:
-            rank, _ = F.split_rank(body)
-            link = self.child_of.get(rank)
-            if link is not None:
-                link.transport.write(F.frame(kind, body))
-        elif kind == F.TO_ALL:
-            data = F.frame(kind, body)
-            for link in self.links:
-                link.transport.write(data)
-        elif kind == F.CONFIG:
-            config = json.loads(body)
-            if "hold_s" in config:
-                self.hold_s = float(config["hold_s"])
-                self._config = F.frame(kind, body)
-                for link in self.links:
-                    link.transport.write(self._config)
-            if config.get("forecast"):
-                self._hand_off(config["forecast"])
-        else:
-            raise F.FrameError(f"a frame of unknown kind {kind}")
+    # ---- from the relays (their connections' handler) -------------------------------------
 
-    def _slices(self, body) -> None:
-        """One SLICES frame per relay, of its workers' slices."""
-        t, total, data = F.read_slices(body)
-        owner = np.array([self.child_of[r].id if r in self.child_of else -1
-                          for r in data[0].tolist()])
-        for link in self.links:
-            mine = owner == link.id
-            if mine.any():
-                ranks, offsets, sizes = data[:, mine]
-                link.transport.write(F.slices_frame(t, total, ranks, offsets, sizes))
-
-    def _hand_off(self, forecast: dict) -> None:
-        """Each relay forecasts its workers: its ranks, and its part of the state."""
-        ranks = [int(r) for r in forecast["ranks"]]
-        where = {r: i for i, r in enumerate(ranks)}
-        state = forecast.get("state")
-        columns = len(forecast.get("exog") or ()) or 1
-        for link in self.links:
-            mine = sorted(r for r in link.ranks if r in where)
-            if not mine:
-                continue
-            part = dict(forecast, ranks=mine, state=None)
-            if state:
-                part["state"] = _pred.state_of_workers(str(forecast["predictor"]), columns,
-                                                       state, [where[r] for r in mine])
-            link.transport.write(F.frame(F.CONFIG, json.dumps({"forecast": part}).encode()))
-
-    # ---- from the relays ----------------------------------------------------------------
-
-    def on_hello(self, link: "_RelayLink", msg: dict) -> bool:
-        workers = msg.get("workers")
-        if type(workers) is not int or workers < 1 or not isinstance(msg.get("host"), str):
-            return False
-        link.host, link.id = msg["host"], len(self.links)
-        self.links.append(link)
+    def on_hello(self, peer: Peer, msg: dict, line: bytes) -> bool:
+        host, workers = P.relay_of(msg)
+        peer.relay = self.links.add_relay(peer.transport, host, workers)
         if self._config is not None:
-            link.transport.write(self._config)
+            peer.transport.write(self._config)
         return True
 
-    def on_frames(self, link: "_RelayLink", frames) -> None:
+    def on_frames(self, peer: Peer, frames: List[Tuple[int, bytes]]) -> bool:
         """A read's frames of one relay; then, once every open section is complete (or
         with ``hold_s`` 0), everything pending leaves in one write."""
+        relay, stream = peer.relay, self.stream
         for kind, body in frames:
             if kind == F.ROWS:
-                self._add(link, body)
+                self._add(relay, body)
             elif kind == F.FORWARD or kind == F.LOST:
                 rank, line = F.split_rank(body)
-                if kind == F.FORWARD and rank not in self.child_of:    # its hello
-                    self.child_of[rank] = link
-                    link.ranks.append(rank)
+                if kind == F.FORWARD and rank not in self.links.writers:    # its hello
+                    self.links.register(rank, ViaRelay(relay, rank))
                     self.active.add(rank)
                 elif kind == F.LOST or (b'"bye"' in line and _type(line) == P.BYE):
                     self.active.discard(rank)
-                self._forward([rank], F.frame(kind, body))
+                stream.forward((rank,), F.frame(kind, body))
             elif kind == F.FORECAST:
                 # after the sections of its workers that left before it (without forecasts,
                 # which would undo it), ahead of the one after it, as the relay sent them
-                self._forward(F.read_forecast(body)[1].tolist(), F.frame(kind, body))
+                stream.forward(F.read_forecast(body)[1].tolist(), F.frame(kind, body))
             elif kind == F.STATE:
-                self._ahead.append(F.frame(kind, body))
+                stream.ahead.append(F.frame(kind, body))
             else:
                 raise F.FrameError(f"a frame of unknown kind {kind}")
-        if self._pending:
-            self._arm(0.0 if self.hold_s <= 0 or self._complete() else self.hold_s)
+        if stream.items:
+            stream.arm(0.0 if self.hold_s <= 0 or stream.complete(len(self.active))
+                       else self.hold_s)
+        return True
 
-    def on_lost(self, link: "_RelayLink") -> None:
+    def on_malformed(self, peer: Peer, reason: str) -> None:
+        log.warning("%s: a malformed frame from %s (%s)", self.name, peer.relay.describe(),
+                    reason)
+        peer.transport.close()
+
+    def on_lost(self, peer: Peer) -> None:
         """A relay's connection closed: its workers that had not said bye are lost."""
-        for rank in link.ranks:
+        for rank in peer.relay.ranks:
             if rank in self.active:
                 self.active.discard(rank)
-                self._forward([rank], F.rank_frame(F.LOST, rank))
-        link.closed = True
-        self.flush()
-        if len(self.links) >= self.expected_relays and all(x.closed for x in self.links):
-            self._end(0)
+                self.stream.forward((rank,), F.rank_frame(F.LOST, rank))
+        self._gone += 1
+        self.stream.flush()
+        if len(self.links.relays) >= self.expected_relays and self._gone >= len(self.links.relays):
+            self.uplink.end(0)
 
-    def _add(self, link: "_RelayLink", body) -> None:
+    # ---- the pending stream ---------------------------------------------------------------
+
+    def _add(self, relay: RelayLink, body) -> None:
         what, t, ranks = F.rows_head(body)
-        key = (what, t)
-        ranks = ranks.tolist()
-        last_of = self._last_of
-        latest = max((last_of.get(r, -1) for r in ranks), default=-1)
-        section = self._open.get(key)
-        if section is None or section.index < latest:
-            section = self._open[key] = _Section(key, len(self._pending))
-            self._pending.append(section)
-        section.parts.append((link.id, body, time.monotonic()))
+        self.stream.add((what, t), ranks.tolist(), (relay.index, body, time.monotonic()))
         self.sections_in += 1
-        for r in ranks:
-            last_of[r] = section.index
-        self._seen[key] = self._seen.get(key, 0) + len(ranks)
 
-    def _complete(self) -> bool:
-        active = len(self.active)
-        return all(self._seen.get(key, 0) >= active for key in self._open)
-
-    def _forward(self, ranks, data: bytes) -> None:
-        """A frame for ``ranks`` in the pending stream: after whatever of theirs is pending,
-        before whatever of theirs comes next."""
-        for r in ranks:
-            self._last_of[r] = len(self._pending)
-        self._pending.append(data)
-
-    def _encode(self, section: _Section, now: float) -> List[bytes]:
+    def _encode(self, section: Section, now: float) -> List[bytes]:
         # the relays in one order: the same rank order every iteration
-        parts = sorted(section.parts, key=lambda part: part[0])
+        parts = sorted(section.entries, key=lambda part: part[0])
         try:
             merged = F.merge_rows([(body, now - at) for _, body, at in parts])
         except F.FrameError:            # as they came: the coordinator says what is wrong
             merged = [F.frame(F.ROWS, body) for _, body, _ in parts]
         self.sections_up += len(merged)
         return merged
+
+    def _send(self, frames: List[bytes]) -> None:
+        """One write to the coordinator."""
+        self.uplink.send(frames)
 
 
 def _type(line: bytes) -> Optional[str]:
@@ -251,71 +198,6 @@ def _type(line: bytes) -> Optional[str]:
         return P.decode(line).get("type")
     except P.ProtocolError:
         return None
-
-
-class _RelayLink(asyncio.Protocol):
-    """One relay's connection to the hub: its hello line, then frames."""
-
-    def __init__(self, hub: Hub):
-        self.hub = hub
-        self.transport: Optional[asyncio.Transport] = None
-        self.host: Optional[str] = None         # set by its hello
-        self.id = -1
-        self.ranks: List[int] = []
-        self.closed = False
-        self._buffer = bytearray()
-        self._hello_timer = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._hello_timer = asyncio.get_running_loop().call_later(HELLO_S, self._no_hello)
-
-    def _no_hello(self) -> None:
-        if self.host is None:
-            self.transport.close()
-
-    def _refuse(self, reason: str) -> None:
-        self.hub._refuse(self.transport, reason)
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return
-        buffer = self._buffer
-        buffer += data
-        if self.host is None:
-            end = buffer.find(b"\n", 0, P.MAX_HELLO + 1)
-            if end < 0:
-                if len(buffer) > P.MAX_HELLO:
-                    self._refuse(f"first line longer than {P.MAX_HELLO} bytes")
-                return
-            try:
-                msg = P.decode(bytes(buffer[:end]), P.MAX_HELLO)
-            except P.ProtocolError as exc:
-                self._refuse(str(exc))
-                return
-            if msg["type"] != P.RELAY or not P.token_ok(msg, self.hub.token) \
-                    or not self.hub.on_hello(self, msg):
-                self._refuse("not a relay's hello with the job's token")
-                return
-            del buffer[:end + 1]
-        try:
-            frames, used = F.split_frames(buffer)
-            del buffer[:used]
-            self.hub.on_frames(self, frames)
-        except (F.FrameError, P.ProtocolError, ValueError) as exc:
-            buffer.clear()
-            log.warning("%s: a malformed frame from the relay of host %s (%s)", self.hub.name,
-                        self.host, exc)
-            self.transport.close()
-
-    def connection_lost(self, exc) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        if self.host is not None:
-            self.hub.on_lost(self)
 
 
 def main() -> int:

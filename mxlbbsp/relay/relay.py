@@ -34,8 +34,13 @@ when the coordinator's connection breaks first it closes its workers' (they stop
 lost coordinator) and exits 1 with one line. Its own CPU time is what one host pays for the
 job's control plane (benchmarks/coordinator_scale.py measures it).
 
-Stdlib and numpy only, no MXNet: it starts in a fraction of a second. (About 420 lines: the
-relay, its upstream connection and its workers' connections share its pending stream.)
+Its parts: its workers' connections are :class:`mxlbbsp.core.peer.Peer` (the hello gate,
+lines) with the relay as their handler; what comes down is routed by
+:class:`mxlbbsp.core.links.Links`; what goes up waits in a :class:`.stream.PendingStream` and
+leaves through its :class:`.uplink.Uplink`. This module is the relay's policy: when a section
+leaves, and its forecasts.
+
+Stdlib and numpy only, no MXNet: it starts in a fraction of a second.
 """
 from __future__ import annotations
 
@@ -45,62 +50,58 @@ import logging
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import frames as F
 from mxlbbsp.core import protocol as P
+from mxlbbsp.core.links import Links
+from mxlbbsp.core.peer import Peer
 from mxlbbsp.relay.forecast import Forecaster
-from mxlbbsp.relay.uplink import Node
+from mxlbbsp.relay.stream import PendingStream, Section
+from mxlbbsp.relay.uplink import Uplink
 
 log = logging.getLogger(__name__)
 
-#: a worker's connection without a hello for this long is closed
-HELLO_S = 30.0
 
-
-class _Section:
-    """Pending reports or dones of one iteration: (rank, message, when it arrived)."""
-
-    __slots__ = ("key", "index", "rows", "ranks")
-
-    def __init__(self, key, index):
-        self.key, self.index, self.rows, self.ranks = key, index, [], set()
-
-
-class Relay(Node):
+class Relay:
     """One host's relay (see the module docstring). ``await run()`` serves until it ends and
     returns the exit code. ``listen``: its address; ``upstream``: the coordinator's;
-    ``workers``: how many workers of the job run on this host."""
+    ``workers``: how many workers of the job run on this host.
+
+    The :class:`~mxlbbsp.core.peer.PeerHandler` of its workers' connections (a hello, lines,
+    a connection lost) and the :class:`~.uplink.UplinkOwner` of its own."""
 
     def __init__(self, listen: P.Address, upstream: P.Address, token: str, host: str,
                  workers: int):
-        self.listen, self.upstream, self.token = listen, upstream, token
+        self.listen, self.upstream = listen, upstream
         self.host, self.expected = host, int(workers)
         self.hold_s = 0.0                    # until the coordinator's CONFIG says otherwise
         self.done_hold_s = 0.0
         self.checkpoint_every = 0            # the dones of a checkpoint's iteration: at once
         self.forecaster: Optional[Forecaster] = None   # the CONFIG's, when it sends one
-        self.workers: Dict[int, "_WorkerLink"] = {}   # rank -> its connection (registered)
         self.active: set = set()             # registered ranks that have not said bye
         self.registered = 0                  # workers that ever registered here
         self.label = f"the relay of host {host}"
-        self._init_node()                    # its pending stream: per rank; _seen: the
-        self._server = None                  # ranks that sent each (type, iteration)
+        self.links = Links()                 # its registered workers
+        self.uplink = Uplink(self, self.label, token, (P.HELLO,), self.links)
+        self.stream = PendingStream(self._encode, self._send)
         self.sections_up = 0                 # sections sent (reports or dones of a t)
         self.messages_up = 0                 # reports and dones in them
         self.forecasts_ahead = 0             # FORECAST frames sent (a section left early)
 
-    # ---- lifecycle --------------------------------------------------------------------
+    refused = property(lambda self: self.uplink.gate.refusals.count,
+                       doc="connections refused before a valid hello")
+
+    # ---- lifecycle (the uplink's owner) ---------------------------------------------------
 
     async def run(self) -> int:
-        return await self._serve(self.upstream, self.listen, self.host, self.expected,
-                                 lambda: _WorkerLink(self))
+        return await self.uplink.serve(self.upstream, self.listen, self.host, self.expected)
 
-    def _closing(self) -> None:
+    def closing(self) -> None:
         self._unlink()
-        for link in list(self.workers.values()):
-            link.transport.close()
+        self.links.close_all()
+        self.stream.flush()
 
     def _unlink(self) -> None:
         """Remove the socket's file (none in the abstract namespace): at the end, or once
@@ -111,65 +112,43 @@ class Relay(Node):
             except OSError:
                 pass
 
-    # ---- from the coordinator -----------------------------------------------------------
-
-    def on_frame(self, kind: int, body) -> None:
-        if kind == F.SLICES:
-            workers = self.workers
-            for rank, line in F.alloc_lines(body):
-                link = workers.get(rank)
-                if link is not None:
-                    link.transport.write(line)
-        elif kind == F.TO_RANK or kind == F.CLOSE:
-            rank, line = F.split_rank(body)
-            link = self.workers.get(rank)
-            if link is not None:
-                if kind == F.CLOSE:
-                    link.transport.close()
-                else:
-                    link.transport.write(line)
-        elif kind == F.TO_ALL:
-            line = bytes(body)
-            for link in self.workers.values():
-                link.transport.write(line)
-        elif kind == F.CONFIG:
-            config = json.loads(body)
-            if "hold_s" in config:
-                self.hold_s = float(config["hold_s"])
-                self.done_hold_s = float(config.get("done_hold_s", 0.0))
-                self.checkpoint_every = int(config.get("checkpoint_every") or 0)
-            if config.get("forecast"):
-                self.forecaster = Forecaster(config["forecast"], self.checkpoint_every)
-        else:
-            raise F.FrameError(f"a frame of unknown kind {kind}")
+    def on_config(self, config: dict, body: bytes) -> None:
+        if "hold_s" in config:
+            self.hold_s = float(config["hold_s"])
+            self.done_hold_s = float(config.get("done_hold_s", 0.0))
+            self.checkpoint_every = int(config.get("checkpoint_every") or 0)
+        if config.get("forecast"):
+            self.forecaster = Forecaster(config["forecast"], self.checkpoint_every)
 
     def upstream_lost(self) -> None:
         if self.registered >= self.expected and not self.active:
-            self._end(0)                # every worker had said bye
+            self.uplink.end(0)          # every worker had said bye
         else:
-            self._end(1, f"the relay of host {self.host} lost its connection to the "
-                         "coordinator")
+            self.uplink.end(1, f"{self.label} lost its connection to the coordinator")
 
-    # ---- from the workers ---------------------------------------------------------------
+    # ---- from the workers (their connections' handler) ------------------------------------
 
-    def on_hello(self, link: "_WorkerLink", msg: dict) -> bool:
+    def on_hello(self, peer: Peer, msg: dict, line: bytes) -> bool:
         """A worker's hello with the job's token: registered here and passed on."""
         rank = msg.get("rank")
-        if type(rank) is not int or rank < 0 or rank in self.workers:
-            link.transport.write(P.encode(P.error(
-                f"rank {rank!r} connected twice to the relay of host {self.host}"
-                if rank in self.workers else f"rank {rank!r} is not a worker's rank")))
+        if type(rank) is not int or rank < 0 or rank in self.links.writers:
+            peer.transport.write(P.encode(P.error(
+                f"rank {rank!r} connected twice to {self.label}"
+                if rank in self.links.writers else f"rank {rank!r} is not a worker's rank")))
+            peer.transport.close()
             return False
-        link.rank = rank
-        self.workers[rank] = link
+        peer.rank = rank
+        self.links.register(rank, peer.transport)
         self.active.add(rank)
         self.registered += 1
         if self.registered == self.expected:
             self._unlink()
+        self._forward(rank, F.rank_frame(F.FORWARD, rank, line))
         return True
 
-    def on_message(self, rank: int, line: bytes) -> None:
+    def on_line(self, peer: Peer, line: bytes) -> bool:
         """One line of a registered worker."""
+        rank = peer.rank
         try:
             msg = P.decode(line)
         except P.ProtocolError:
@@ -177,51 +156,44 @@ class Relay(Node):
         kind = msg.get("type") if msg is not None else None
         if kind in F.BATCHED and type(msg.get("iteration")) is int:
             self._add(rank, msg)
-            return
+            return True
         if kind == P.BYE:
             self.active.discard(rank)
         self._forward(rank, F.rank_frame(F.FORWARD, rank, line))
-        if kind == P.BYE:
-            self._check_complete()
+        if kind == P.BYE and self.stream.complete(len(self.active), every=False):
+            self.stream.flush()
+        return True
 
-    def on_lost(self, link: "_WorkerLink") -> None:
-        rank = link.rank
-        if rank is None or self.workers.get(rank) is not link:
+    def on_lost(self, peer: Peer) -> None:
+        rank = peer.rank
+        if self.links.writers.get(rank) is not peer.transport:
             return
-        del self.workers[rank]
+        self.links.unregister(rank)
         self.active.discard(rank)
         self._forward(rank, F.rank_frame(F.LOST, rank))
-        self.flush()
-        if not self.workers and self.registered >= self.expected:
-            self._end(0)
+        self.stream.flush()
+        if not self.links.writers and self.registered >= self.expected:
+            self.uplink.end(0)
 
     # ---- the pending stream ---------------------------------------------------------------
 
     def _add(self, rank: int, msg: dict) -> None:
         key = (msg["type"], msg["iteration"])
-        section = self._open.get(key)
-        if section is None or section.index < self._last_of.get(rank, -1) \
-                or rank in section.ranks:
-            section = self._open[key] = _Section(key, len(self._pending))
-            self._pending.append(section)
-        section.rows.append((rank, msg, time.monotonic()))
-        section.ranks.add(rank)
-        self._last_of[rank] = section.index
+        stream = self.stream
+        section = stream.add(key, (rank,), (rank, msg, time.monotonic()))
         if self.forecaster is not None and key[0] == P.REPORT:
             self._forecast(rank, msg, section)
-        seen = self._seen.setdefault(key, set())
-        seen.add(rank)
-        if len(seen) < len(self.active):
-            self._arm(self.hold_s)
+        if len(stream.seen[key]) < len(self.active):
+            stream.arm(self.hold_s)
         elif key[0] == P.DONE and self.done_hold_s > 0 and not (
                 self.checkpoint_every and (key[1] + 1) % self.checkpoint_every == 0):
             # with the next reports; not those of an iteration the coordinator checkpoints
             # once they are in (its state's JSON would then delay the next split)
             self._hold_dones()
         else:
-            self.flush()
+            stream.flush()
 
-    def _forecast(self, rank: int, msg: dict, section: _Section) -> None:
+    def _forecast(self, rank: int, msg: dict, section: Section) -> None:
         """The forecasts of the host's workers once its last report of an iteration is in:
         columns of the section when it holds all of them, else a FORECAST frame that leaves
         ahead of it; the predictor learns after the write."""
@@ -233,10 +205,11 @@ class Relay(Node):
             return
         t, forecasts, fallbacks = got
         slot, values, counts = forecaster.slot, forecasts.tolist(), fallbacks.tolist()
-        for r, m, _ in section.rows:
+        for r, m, _ in section.entries:
             m["_forecast"], m["_fallbacks"] = values[slot[r]], counts[slot[r]]
         if len(section.ranks) < len(forecaster.ranks):      # the others' left before
-            self._ahead.append(F.forecast_frame(t, forecaster.ranks, forecasts, fallbacks))
+            self.stream.ahead.append(F.forecast_frame(t, forecaster.ranks, forecasts,
+                                                      fallbacks))
             self.forecasts_ahead += 1
 
     def _learn(self) -> None:
@@ -244,103 +217,33 @@ class Relay(Node):
         if state is not None:               # NaN in a fresh state: plain JSON, not the line's
             # with the next write (the host's dones of that iteration, which the coordinator
             # checkpoints after): read while the workers compute, not before the split
-            self._ahead.append(F.frame(F.STATE, json.dumps(state).encode()))
+            self.stream.ahead.append(F.frame(F.STATE, json.dumps(state).encode()))
 
     def _forward(self, rank: int, data: bytes) -> None:
-        if not self._pending:           # nothing to keep in order with: at once
+        if not self.stream.items:       # nothing to keep in order with: at once
             self._send([data])
             return
-        self._last_of[rank] = len(self._pending)
-        self._pending.append(data)
-        self._arm(self.hold_s)
-
-    def _check_complete(self) -> None:
-        if any(len(self._seen.get(key, ())) >= len(self.active) for key in self._open):
-            self.flush()
+        self.stream.forward((rank,), data)
+        self.stream.arm(self.hold_s)
 
     def _hold_dones(self) -> None:
         """A section of dones is complete: when nothing else pending is waited for (the
         host's workers' dones came before any of their next reports), everything pending
         may wait ``done_hold_s``, else it leaves as it would have."""
-        active = len(self.active)
-        if any(isinstance(item, bytes) or item.key[0] != P.DONE
-               or len(self._seen.get(item.key, ())) < active for item in self._pending):
-            self._arm(self.hold_s)
+        if not self.stream.only(P.DONE, len(self.active)):
+            self.stream.arm(self.hold_s)
             return
-        self._disarm()
-        self._arm(self.done_hold_s)
+        self.stream.disarm()
+        self.stream.arm(self.done_hold_s)
 
-    def _encode(self, section: _Section, now: float) -> List[bytes]:
+    def _encode(self, section: Section, now: float) -> List[bytes]:
         self.sections_up += 1
-        self.messages_up += len(section.rows)
-        return F.encode_rows([(r, m, now - at) for r, m, at in section.rows])
+        self.messages_up += len(section.entries)
+        return F.encode_rows([(r, m, now - at) for r, m, at in section.entries])
 
-
-class _WorkerLink(asyncio.Protocol):
-    """One worker's connection to the relay: lines in."""
-
-    def __init__(self, relay: Relay):
-        self.relay = relay
-        self.transport: Optional[asyncio.Transport] = None
-        self.rank: Optional[int] = None
-        self._buffer = bytearray()
-        self._hello_timer = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        # a connection that says no hello is closed, as the coordinator's are
-        self._hello_timer = asyncio.get_running_loop().call_later(HELLO_S, self._no_hello)
-
-    def _no_hello(self) -> None:
-        if self.rank is None:
-            self.transport.close()
-
-    def _refuse(self, reason: str) -> None:
-        self.relay._refuse(self.transport, reason)
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        relay = self.relay
-        while True:
-            limit = P.MAX_HELLO if self.rank is None else P.MAX_LINE
-            end = buffer.find(b"\n", start, start + limit + 1)
-            if end < 0:
-                break
-            line = bytes(buffer[start:end])
-            start = end + 1
-            if self.rank is not None:
-                relay.on_message(self.rank, line)
-                continue
-            try:
-                msg = P.decode(line, P.MAX_HELLO)
-            except P.ProtocolError as exc:
-                self._refuse(str(exc))
-                return
-            if msg["type"] != P.HELLO or not P.token_ok(msg, relay.token):
-                self._refuse("bad hello or token")
-                return
-            if not relay.on_hello(self, msg):
-                self.transport.close()
-                return
-            relay._forward(self.rank, F.rank_frame(F.FORWARD, self.rank, line))
-        del buffer[:start]
-        limit = P.MAX_HELLO if self.rank is None else P.MAX_LINE
-        if len(buffer) > limit:
-            head = bytes(buffer[:limit + 1])
-            buffer.clear()
-            if self.rank is None:
-                self._refuse(f"first line longer than {limit} bytes")
-            else:                       # the coordinator fails the job, naming the worker
-                relay.on_message(self.rank, head)
-
-    def connection_lost(self, exc) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        self.relay.on_lost(self)
+    def _send(self, frames: List[bytes]) -> None:
+        """One write to the coordinator."""
+        self.uplink.send(frames)
 
 
 def main() -> int:
