@@ -518,3 +518,114 @@ def test_a_relay_started_by_hand_with_bad_variables_says_so_in_one_line(env, nee
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mxlbbsp: error: ") and needle in lines[0]
+
+
+# ---- the shared connection layer behind a relay and a hub ---------------------------------
+
+
+def _frames_from(sock, count, timeout=10.0):
+    """The first ``count`` frames read from ``sock``, (kind, body)."""
+    sock.settimeout(timeout)
+    buffer, out = bytearray(), []
+    while len(out) < count:
+        data = sock.recv(65536)
+        assert data, f"closed after {len(out)} frame(s)"
+        buffer += data
+        got, used = F.split_frames(buffer)
+        del buffer[:used]
+        out += got
+    return out
+
+
+def _stand_in_coordinator():
+    """A listening socket the relay or hub under test takes for the coordinator, and an
+    object with its ``address`` (what RelayThread reads of a coordinator)."""
+    import types
+    up = socket.create_server(("127.0.0.1", 0))
+    return up, types.SimpleNamespace(address=up.getsockname())
+
+
+def _hello_line(rank):
+    return P.encode(dict(P.hello(rank, TOKEN, 1, "h", 64, 640, None), min_global_batch=64))
+
+
+def test_a_hub_cuts_a_split_into_its_relays_ranks_that_the_split_holds():
+    """The SLICES frame the hub gets holds the ranks the coordinator registered; a relay
+    gets a frame of its ranks among them (one it routes but the split leaves out: none), a
+    relay with none of them no frame; TO_ALL then reaches all three."""
+    up, stand_in = _stand_in_coordinator()
+    hub = HubThread(stand_in, "hub-cut", 3, 5)
+    try:
+        coordinator, _ = up.accept()
+        hello = json.loads(coordinator.makefile("rb").readline())
+        assert hello["type"] == P.RELAY and hello["workers"] == 5
+        relays = []
+        for host, ranks in (("a", [0, 1]), ("b", [2, 9]), ("c", [8])):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(hub.upstream)
+            s.sendall(P.encode(P.relay_hello(TOKEN, host, len(ranks), 1)) + b"".join(
+                F.rank_frame(F.FORWARD, r, _hello_line(r)[:-1]) for r in ranks))
+            relays.append(s)
+        assert [k for k, _ in _frames_from(coordinator, 5)] == [F.FORWARD] * 5
+        coordinator.sendall(F.slices_frame(5, 100, np.array([0, 1, 2]), np.array([0, 10, 30]),
+                                           np.array([10, 20, 70]))
+                            + F.frame(F.TO_ALL, P.encode({"type": "x"})))
+        a, b = (_frames_from(s, 2) for s in relays[:2])
+        assert [k for k, _ in a] == [k for k, _ in b] == [F.SLICES, F.TO_ALL]
+        assert [x.tolist() for x in F.read_slices(a[0][1])[2]] == [[0, 1], [0, 10], [10, 20]]
+        assert [x.tolist() for x in F.read_slices(b[0][1])[2]] == [[2], [30], [70]]
+        assert F.read_slices(a[0][1])[:2] == (5, 100)
+        assert [k for k, _ in _frames_from(relays[2], 1)] == [F.TO_ALL]
+        for s in relays + [coordinator]:
+            s.close()
+    finally:
+        hub.stop()
+        up.close()
+
+
+def test_a_relay_writes_alloc_lines_to_its_workers_that_the_split_holds():
+    up, stand_in = _stand_in_coordinator()
+    relay = RelayThread(stand_in, "host0", 2)
+    try:
+        coordinator, _ = up.accept()
+        assert json.loads(coordinator.makefile("rb").readline())["type"] == P.RELAY
+        workers = [P.connect(P.parse_address(relay.address), timeout=10) for _ in range(2)]
+        for r, s in enumerate(workers):
+            s.sendall(_hello_line(r))
+        assert [k for k, _ in _frames_from(coordinator, 2)] == [F.FORWARD] * 2
+        coordinator.sendall(F.slices_frame(3, 10, np.array([1]), np.array([7]), np.array([3]))
+                            + F.frame(F.TO_ALL, P.encode({"type": "x"})))
+        lines = [s.makefile("rb").readline() for s in workers]
+        assert lines == [P.encode({"type": "x"}), P.alloc_line(3, 7, 3, 10)]
+        for s in workers + [coordinator]:
+            s.close()
+    finally:
+        relay.stop()
+        up.close()
+
+
+def test_a_relays_refusals_are_counted_and_their_warnings_rate_limited(job, caplog,
+                                                                        monkeypatch):
+    """As the coordinator's: the first few warned about one by one, then a count line per
+    interval."""
+    from mxlbbsp.relay import uplink
+    monkeypatch.setattr(uplink, "REFUSAL_SUMMARY_S", 0.3)
+    c, ss, relays = job(2, [2])
+    bad = P.encode(P.hello(0, "wrong", 1, "h", 64, 640, None))
+    for _ in range(8):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect("\0" + relays[0].name)
+            s.sendall(bad)
+            s.settimeout(5)
+            assert s.recv(100) == b""
+    deadline = time.monotonic() + 10
+    while not any("refused 3 more" in r.getMessage() for r in caplog.records) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(lines) == 6, lines
+    assert all(line.startswith("the relay of host host0 refused a connection: bad hello")
+               for line in lines[:5])
+    assert lines[5].startswith("the relay of host host0 refused 3 more connection(s)")
+    assert relays[0].relay.refused == 8 and c.failure is None
+    run_iteration(ss, [0.05, 0.05])          # the job goes on

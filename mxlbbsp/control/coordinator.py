@@ -26,11 +26,11 @@ directly; every other message as the worker sent it.
 The rooms: :mod:`.connection` (its port: what it lets in, refusals), :mod:`.inbox` (what
 comes in: hellos, lines, frames, handed to the handlers here), :mod:`mxlbbsp.core.links`
 (what is written to the workers), :mod:`.collect` (each iteration's reports and dones as
-arrays), :mod:`.speed` (predictor, time-model fit, the ``auto`` regime), :mod:`.recorder` (metrics records, totals, written by
-a thread of their own), :mod:`.registration` (the checks of the workers' hellos); this
-module is the iteration flow, the lifecycle and the checkpoint state that ties them
-together. (About 450 lines: the message handlers share one state, which worker has sent what
-of which iteration, and read best side by side.)
+arrays), :mod:`.speed` (predictor, time-model fit, the ``auto`` regime), :mod:`.recorder`
+(metrics records, totals, written by a thread of their own), :mod:`.registration` (the
+checks of the workers' hellos); this module is the iteration flow, the lifecycle and the
+checkpoint state that ties them together. (About 450 lines: the message handlers share one
+state, which worker has sent what of which iteration, and read best side by side.)
 
 No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
 """
