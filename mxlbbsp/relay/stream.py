@@ -46,15 +46,25 @@ class PendingStream:
         """``entry`` of workers ``ranks`` into the open section of ``key`` (or a new one);
         that section."""
         section, last_of = self.open.get(key), self._last_of
-        if section is None or any(last_of.get(r, -1) > section.index or r in section.ranks
-                                  for r in ranks):
+        fresh = section is None
+        if not fresh:                   # a loop, not any(): once per message in a relay
+            index, held = section.index, section.ranks
+            for r in ranks:
+                if last_of.get(r, -1) > index or r in held:
+                    fresh = True
+                    break
+        if fresh:
             section = self.open[key] = Section(key, len(self.items))
             self.items.append(section)
         section.entries.append(entry)
         section.ranks.update(ranks)
+        index = section.index
         for r in ranks:
-            last_of[r] = section.index
-        self.seen.setdefault(key, set()).update(ranks)
+            last_of[r] = index
+        seen = self.seen.get(key)
+        if seen is None:
+            seen = self.seen[key] = set()
+        seen.update(ranks)
         return section
 
     def forward(self, ranks: Sequence[int], frame: bytes) -> None:
