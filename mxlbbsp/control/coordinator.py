@@ -475,6 +475,7 @@ class Coordinator:
                       t + 1, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
+        self._policy.after_split(t)
 
     def _on_log(self, rank: int, msg: dict) -> None:
         """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""

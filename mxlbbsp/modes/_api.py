@@ -179,6 +179,10 @@ class CoordinatorPolicy:
         """
         return _split.equal_split(next_B, self.num_workers)
 
+    def after_split(self, t: int) -> None:
+        """After :meth:`plan` of iteration t returned and its split went out (its latency
+        taken): a policy's own work that the workers need not wait for."""
+
     def on_report(self, rank: int, msg: dict) -> None:
         """Worker ``rank``'s report of ``msg['iteration']`` (its gradients are ready)."""
 
