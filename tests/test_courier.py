@@ -168,7 +168,7 @@ def simulate_planner(deadline_s, speeds, fixed_s, sync_s, N, epochs, noise, seed
         if planner.current is None:
             B = planner.update(est, sync_s, work, deadline_s - clock, force=True)
         else:
-            B = planner.update(est, sync_s, work, deadline_s - clock, epoch=epoch)
+            B = planner.update(est, sync_s, work, deadline_s - clock)
         b = min(B, rest)
         if 0 < rest - b < n:
             b = rest

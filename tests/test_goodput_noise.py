@@ -104,11 +104,29 @@ def test_goodput_picks_the_batch_that_balances_speed_and_noise():
 
 def test_state_round_trip():
     est = noise.NoiseScale(16)
-    est.add(noise.NoisePoint(0.5, 20.0), 16)
-    est.add(noise.NoisePoint(0.7, 10.0), 32)
+    for k in range(noise.NoiseScale.MIN_COUNT):
+        est.add(noise.NoisePoint(0.5 + 0.1 * k, 20.0 - k), 16 * (1 + k % 2))
     copy = noise.NoiseScale(16)
     copy.load(est.state())
-    assert copy.noise_scale == est.noise_scale and copy.count == 2
+    assert copy.noise_scale == est.noise_scale and copy.count == noise.NoiseScale.MIN_COUNT
+    assert copy.noise_scale_range == est.noise_scale_range
+
+
+def test_no_estimate_before_it_has_an_error_bar():
+    """A first |G|^2 estimate below 0 (seen on a real run) made phi 4e31 with no error bar:
+    nothing is estimated until MIN_COUNT points are in, and then phi comes with a range that
+    holds the cautious and the point estimates."""
+    est = noise.NoiseScale(64)
+    points = [(-0.02, 30.0), (0.3, 25.0), (0.2, 35.0), (0.25, 28.0), (0.22, 31.0)]
+    for k, (sqr, var) in enumerate(points):
+        est.add(noise.NoisePoint(sqr, var), 64)
+        if k + 1 < noise.NoiseScale.MIN_COUNT:
+            assert math.isnan(est.noise_scale) and math.isnan(est.noise_scale_low)
+            assert all(math.isnan(x) for x in est.noise_scale_range)
+        else:
+            low, high = est.noise_scale_range
+            assert 0 < low <= est.noise_scale_low <= est.noise_scale <= high
+            assert est.noise_scale < 1e4
 
 
 def test_cautious_noise_scale_stays_finite_when_the_gradient_is_lost_in_noise():
@@ -125,7 +143,9 @@ def test_cautious_noise_scale_stays_finite_when_the_gradient_is_lost_in_noise():
         total = np.sum(sums, axis=0)
         est.update([float(s @ s) for s in sums], sizes, float(total @ total))
         lows.append(est.noise_scale_low)
-    assert all(math.isfinite(x) and x > 0 for x in lows)
+    first = noise.NoiseScale.MIN_COUNT - 1
+    assert all(math.isnan(x) for x in lows[:first])          # no error bar yet
+    assert all(math.isfinite(x) and x > 0 for x in lows[first:])
     # bounded by V / se(S): the measurements cannot tell |G|^2 from 0 below one stderr
     assert est.noise_scale_low <= est.var / est.sqr_stderr * (1 + 1e-9)
     assert est.noise_scale_low < 1e6 < float(sd @ sd) / float(G @ G)

@@ -21,7 +21,11 @@ corrected, each iteration weighted by its samples: the decay per iteration is
 ``smoothing ** (B / B0)`` (B0 the base batch), as in Pollux/AdaptDL. Late in training |G|^2
 is small against tr(Sigma)/B and its smoothed estimate can reach 0 or below (phi "infinite":
 every batch would look fully efficient); planning therefore uses ``noise_scale_low``, with
-|G|^2 raised by one standard error of its smoothed estimate.
+|G|^2 raised by one standard error of its smoothed estimate. Every estimate comes with an
+error bar (the standard errors of the smoothed S and V, from the spread of the
+per-iteration points), so none exists before ``NoiseScale.MIN_COUNT`` iterations; the
+planner moves B only by what holds across ``noise_scale_range``, phi with S and V one
+standard error apart.
 
 What follows from S and V (Pollux, OSDI'21; AdaScale, ICML'20), with B0 the base batch::
 
@@ -85,15 +89,20 @@ def fit_line(sqr_sums: Sequence[float], sizes: Sequence[int],
 
 
 class NoiseScale:
-    """S = |G|^2 and V = tr(Sigma), smoothed over iterations (bias-corrected EMA).
+    """S = |G|^2 and V = tr(Sigma), smoothed over iterations (bias-corrected EMA), with their
+    standard errors.
 
     ``base_batch``: B0, the batch the learning rate was tuned for (the loader's
     global_batch_size). ``smoothing``: the decay per B0 samples (an iteration at B decays
     the old estimate by smoothing ** (B / B0)).
+
+    No estimate exists (every property is NaN) until ``MIN_COUNT`` iterations are in: the
+    standard errors come from the spread of the per-iteration points, which one or two
+    points cannot tell (a first |G|^2 estimate may well be negative).
     """
 
-    #: floors of the smoothed values (an estimate of V below 0 means "little noise")
-    MIN_SQR = 1e-30
+    #: iterations before any estimate, so that it comes with an error bar
+    MIN_COUNT = 4
 
     def __init__(self, base_batch: int, smoothing: float = 0.99):
         if base_batch < 1:
@@ -103,7 +112,8 @@ class NoiseScale:
         self.base_batch = int(base_batch)
         self.smoothing = float(smoothing)
         self._sqr = self._var = self._norm = 0.0
-        self._sqr2 = self._norm2 = 0.0       # for the standard error of the smoothed S
+        # for the standard errors of the smoothed S and V
+        self._sqr2 = self._var2 = self._norm2 = 0.0
         self.count = 0                       # iterations taken in
 
     # ---- updating ----------------------------------------------------------------------
@@ -126,6 +136,7 @@ class NoiseScale:
         self._var = decay * self._var + (1.0 - decay) * point.var
         self._norm = decay * self._norm + (1.0 - decay)
         self._sqr2 = decay * self._sqr2 + (1.0 - decay) * point.sqr ** 2
+        self._var2 = decay * self._var2 + (1.0 - decay) * point.var ** 2
         self._norm2 = decay ** 2 * self._norm2 + (1.0 - decay) ** 2
         self.count += 1
 
@@ -133,55 +144,77 @@ class NoiseScale:
 
     @property
     def known(self) -> bool:
-        return self.count > 0 and self._norm > 0
+        """Enough iterations for an estimate with an error bar (``MIN_COUNT``)."""
+        return self.count >= self.MIN_COUNT and self._norm > 0 and self._norm2 > 0
 
     @property
     def sqr(self) -> float:
-        """Smoothed |G|^2 (floored at a tiny positive value); nan before any update."""
-        if not self.known:
-            return math.nan
-        return max(self._sqr / self._norm, self.MIN_SQR)
+        """Smoothed |G|^2 (may be <= 0: no signal above the noise); nan until known."""
+        return self._sqr / self._norm if self.known else math.nan
 
     @property
     def var(self) -> float:
-        """Smoothed tr(Sigma) per sample (floored at 0); nan before any update."""
+        """Smoothed tr(Sigma) per sample (floored at 0); nan until known."""
+        return max(self._var / self._norm, 0.0) if self.known else math.nan
+
+    def _stderr(self, total: float, squares: float) -> float:
+        """The standard error of a smoothed mean: the spread of the per-iteration values
+        over the effective number of iterations in the average."""
         if not self.known:
             return math.nan
-        return max(self._var / self._norm, 0.0)
-
-    @property
-    def noise_scale(self) -> float:
-        """phi = tr(Sigma) / |G|^2, in samples (nan before any update)."""
-        return self.var / self.sqr if self.known else math.nan
-
-    @property
-    def sqr_stderr(self) -> float:
-        """Standard error of the smoothed S: the spread of the per-iteration estimates over
-        the effective number of iterations in the average (nan before two updates)."""
-        if self.count < 2 or self._norm <= 0 or self._norm2 <= 0:
-            return math.nan
-        mean = self._sqr / self._norm
-        spread = max(self._sqr2 / self._norm - mean * mean, 0.0)
+        mean = total / self._norm
+        spread = max(squares / self._norm - mean * mean, 0.0)
         n_eff = self._norm * self._norm / self._norm2
         return math.sqrt(spread / max(n_eff, 1.0))
 
     @property
+    def sqr_stderr(self) -> float:
+        """Standard error of the smoothed S (nan until known)."""
+        return self._stderr(self._sqr, self._sqr2)
+
+    @property
+    def var_stderr(self) -> float:
+        """Standard error of the smoothed V (nan until known)."""
+        return self._stderr(self._var, self._var2)
+
+    @property
+    def noise_scale(self) -> float:
+        """The point estimate phi = V / S, in samples: nan until known, inf while S <= 0
+        (the noise hides the gradient: no finite estimate)."""
+        if not self.known:
+            return math.nan
+        return self.var / self.sqr if self.sqr > 0 else math.inf
+
+    @property
     def noise_scale_low(self) -> float:
         """A cautious phi: tr(Sigma) over max(|G|^2, 0) plus one standard error of its
-        estimate.
+        estimate (nan until known).
 
         Late in training |G|^2 is small against tr(Sigma)/B and its estimate may be near or
         below 0, which would make phi huge and every batch look fully efficient; the one
-        standard error keeps phi to what the measurements can support (a planner that moves
-        B by phi uses this one)."""
+        standard error keeps phi to what the measurements can support (B and the learning
+        rate go by this one)."""
         if not self.known:
             return math.nan
-        se = self.sqr_stderr
-        upper = max(self._sqr / self._norm, 0.0) + (se if math.isfinite(se) else 0.0)
-        return self.var / max(upper, self.MIN_SQR)
+        upper = max(self.sqr, 0.0) + self.sqr_stderr
+        return self.var / upper if upper > 0 else math.nan
+
+    @property
+    def noise_scale_range(self) -> tuple:
+        """(low, high): phi with S and V one standard error apart, each the way that
+        lowers or raises it; high is inf while S is within one standard error of 0.
+        (nan, nan) until known. What the planner's margin is derived from."""
+        if not self.known:
+            return math.nan, math.nan
+        S, V = self.sqr, self.var
+        se_s, se_v = self.sqr_stderr, self.var_stderr
+        up = max(S, 0.0) + se_s
+        low = max(V - se_v, 0.0) / up if up > 0 else math.nan
+        high = (V + se_v) / (S - se_s) if S - se_s > 0 else math.inf
+        return low, high
 
     def gain(self, batch: float) -> float:
-        """AdaScale's gain at ``batch`` against B0 (1 before any update)."""
+        """AdaScale's gain at ``batch`` against B0 (1 before any estimate)."""
         return gain(self.noise_scale, batch, self.base_batch)
 
     def efficiency(self, batch) -> np.ndarray:
@@ -189,12 +222,13 @@ class NoiseScale:
 
     def state(self) -> dict:
         return {"sqr": self._sqr, "var": self._var, "norm": self._norm, "count": self.count,
-                "sqr2": self._sqr2, "norm2": self._norm2}
+                "sqr2": self._sqr2, "var2": self._var2, "norm2": self._norm2}
 
     def load(self, state: dict) -> None:
         self._sqr, self._var = float(state["sqr"]), float(state["var"])
         self._norm, self.count = float(state["norm"]), int(state["count"])
         self._sqr2, self._norm2 = float(state["sqr2"]), float(state["norm2"])
+        self._var2 = float(state.get("var2", 0.0))
 
 
 def efficiency(phi: float, batch, base_batch: float):

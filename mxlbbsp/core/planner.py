@@ -211,16 +211,17 @@ class BatchPlanner:
       steadily 10 % slower than its time models predict is planned as such);
     * moves **up** at once to the smallest batch that meets the deadline with the whole
       margin when the current one is predicted to miss the deadline itself; when it is only
-      predicted to eat into half the margin, it moves up the same way unless ``max_changes``
-      changes were already made in this epoch (hysteresis: noise moves a prediction across
-      one line, not across the band between them);
+      predicted to eat into half the margin, it moves up the same way once ``min_interval``
+      iterations have passed since the last change (hysteresis: noise moves a prediction
+      across one line, not across the band between them);
     * moves **down** only when, at each of the last ``every`` plans, a batch at least
       ``min_step`` times smaller met the deadline with the whole margin, then to the largest
-      of those, and only while fewer than ``max_changes`` changes were made in this epoch;
+      of those, and only ``min_interval`` iterations or more after the last change;
     * when no batch meets the deadline, takes the fastest one and says so (``missing``).
 
-    With steady speeds (no prediction of an outright miss) this makes at most
-    ``max_changes`` changes per epoch.
+    The rate of change is limited in time and evidence, not per epoch (as goodput's): with
+    steady speeds (no prediction of an outright miss) B changes at most once per
+    ``min_interval`` iterations, and only on a prediction outside the margin.
     """
 
     START_MARGIN = 0.1
@@ -230,21 +231,22 @@ class BatchPlanner:
     MIN_OBSERVED = 5
 
     def __init__(self, lo: int, hi: int, every: int = 5, margin: Optional[float] = None,
-                 min_step: float = 1.15, per_octave: int = 4, max_changes: int = 2):
+                 min_step: float = 1.15, per_octave: int = 4, min_interval: int = 5):
         if margin is not None and not 0 <= margin < 1:
             raise ValueError("margin must be in [0, 1)")
         self.lo, self.hi = int(lo), int(hi)
         self.every = max(1, int(every))
         self.fixed_margin = margin
         self.min_step = float(min_step)
-        self.max_changes = max(1, int(max_changes))
+        self.min_interval = max(1, int(min_interval))
         self.batches = candidates(self.lo, self.hi, per_octave)
         self.current: Optional[int] = None
         self.missing = False              # no candidate meets the deadline
         self.last_rows: List[Row] = []
         self.changes = 0                  # every change of B so far
-        self.changes_in_epoch = 0
-        self._epoch = None
+        self.plans = 0
+        self._now = 0
+        self._changed_at: Optional[int] = None
         self._down: List[int] = []
         self._ratios: List[float] = []
 
@@ -277,10 +279,12 @@ class BatchPlanner:
     # ---- choosing ----------------------------------------------------------------------
 
     def update(self, model: _tm.TimeModel, sync_s: float, work: Work, time_left: float,
-               max_batch=None, force: bool = False, epoch: Optional[int] = None) -> int:
-        """The global batch for the next iteration (``epoch``: the one it belongs to)."""
-        if epoch != self._epoch:
-            self._epoch, self.changes_in_epoch = epoch, 0
+               max_batch=None, force: bool = False, iteration: Optional[int] = None) -> int:
+        """The global batch for the next iteration (``iteration``: its number, which
+        ``min_interval`` counts in; default: the count of plans)."""
+        self.plans += 1
+        self._now = self.plans if iteration is None else int(iteration)
+        rested = self._changed_at is None or self._now - self._changed_at >= self.min_interval
         # predictions corrected by what the iterations measured: compare against the time
         # left over the bias instead of scaling every row
         budget = max(time_left, 0.0) / self.bias
@@ -300,20 +304,20 @@ class BatchPlanner:
         if not keep:
             # Behind: move at once (to the smallest that meets it, or the fastest) when the
             # current B is predicted to miss the deadline itself; when it only eats into the
-            # margin, only while the epoch's changes are not spent.
+            # margin, only once min_interval iterations passed since the last change.
             self._down = []
             must = row is None or row.finish_s > budget
-            if must or self.changes_in_epoch < self.max_changes:
+            if must or rested:
                 return self._change(best)
             return self.current
         # Ahead: a smaller batch only after it met the deadline at every one of the last
         # `every` plans, then the largest of those choices (the most cautious), and only
-        # while the epoch's changes are not spent.
+        # once min_interval iterations passed since the last change.
         if meets and best * self.min_step <= cur:
             self._down.append(best)
         else:
             self._down = []
-        if len(self._down) >= self.every and self.changes_in_epoch < self.max_changes:
+        if len(self._down) >= self.every and rested:
             pick, self._down = max(self._down), []
             return self._change(pick)
         return self.current
@@ -321,7 +325,7 @@ class BatchPlanner:
     def _change(self, batch: int) -> int:
         if batch != self.current:
             self.changes += 1
-            self.changes_in_epoch += 1
+            self._changed_at = self._now
             self.current = batch
         return self.current
 
@@ -338,6 +342,51 @@ def iteration_time(model: _tm.TimeModel, sync_s: float, batch: int, max_batch=No
     """The predicted time of one iteration of global batch ``batch`` (inf: no split)."""
     return plan(model, sync_s, Work(0, int(batch), 0.0), [int(batch)], None,
                 max_batch)[0].iteration_s
+
+
+def iteration_times(model: _tm.TimeModel, sync_s: float, batches, max_batch=None,
+                    least: int = 1) -> np.ndarray:
+    """The predicted seconds per iteration of every global batch in ``batches`` at once:
+    LB-BSP's makespan over ``model`` plus ``sync_s``, in numpy, for goodput's many
+    candidates on the coordinator's thread (each :func:`iteration_time` solves one integer
+    split; this is one sort of the workers and one search per batch).
+
+    The makespan is the continuous one: the least T with sum_i clip(v_i (T - a_i), l, c_i)
+    >= B, l = ``least`` // n samples per worker (the split's minimum), c_i its cap
+    (``max_batch``), and at least every worker's time at l. The integer split's is at most
+    one sample per worker more (max_i 1/v_i seconds). Infinite below ``least`` or n, or
+    above the caps."""
+    v = np.asarray(model.speed, dtype=float)
+    a = np.maximum(np.asarray(model.intercept, dtype=float), 0.0)
+    B = np.asarray(batches, dtype=float)
+    n = len(v)
+    out = np.full(B.shape, np.inf)
+    if n == 0 or not (np.all(np.isfinite(v)) and np.all(v > 0)):
+        return out
+    low = max(int(least) // n, 1)
+    cap = np.full(n, np.inf) if max_batch is None else \
+        np.broadcast_to(np.asarray(max_batch, dtype=float), (n,))
+    # f(T), the samples the workers finish by T, is piecewise linear: worker i adds v_i per
+    # second from p_i (its time at l samples) to q_i (its time at its cap)
+    p = a + low / v
+    q = a + cap / v
+    when = np.concatenate([p, q])
+    rate = np.concatenate([v, -v])
+    keep = np.isfinite(when)
+    when, rate = when[keep], rate[keep]
+    order = np.argsort(when, kind="stable")
+    when, rate = when[order], rate[order]
+    slope = np.cumsum(rate)                        # on [when[k], when[k+1])
+    done = n * low + np.concatenate([[0.0], np.cumsum(slope[:-1] * np.diff(when))])
+    k = np.searchsorted(done, B, side="left") - 1   # the last event with done < B
+    k = np.clip(k, 0, len(done) - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        T = np.where(slope[k] > 0, when[k] + (B - done[k]) / slope[k], np.inf)
+    T = np.where(B <= n * low, when[0], T)
+    T = np.maximum(T, float(np.max(p)))
+    ok = (B >= max(int(least), n)) & (B <= np.sum(cap))
+    out[ok] = T[ok] + max(float(sync_s), 0.0)
+    return out
 
 
 def launch_clock() -> float:

@@ -97,7 +97,7 @@ class CourierPolicy(BatchChoosingPolicy):
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
                                     self.coordinator.balancer.max_batch,
-                                    epoch=int(done // N) if N else None)
+                                    iteration=t + 1)
             if self.planner.missing and not self._warned:
                 log.warning("no global batch in %d:%d meets the deadline: %s of work left at "
                             "the fastest (B=%d), %s to the deadline; running at B=%d",

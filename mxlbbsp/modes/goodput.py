@@ -27,11 +27,20 @@ that varied (the epoch's short last batch, a change of B); until then the cost i
 model's (0 for the linear model). The push/pull time is the least any worker measured in an
 iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
 
-Stability (as Courier's B(t)): B changes only when, at each of the last ``every`` plans, a
-batch at least ``min_step`` times away from the current one promised ``1 + GAIN_MARGIN``
-times its goodput, then to the closest of those choices (the most cautious), and at most
-``max_changes`` times per epoch. Before the noise scale and the push/pull time are known
-(the first iterations), B0 clipped into the range is kept.
+Stability: B moves when the planner sees a candidate whose goodput beats the current
+B's by more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error
+bar (``NoiseScale.noise_scale_range``), then to the best such candidate, up or down, at most
+once per ``every`` iterations (:class:`GoodputPlanner`): the rate is limited by evidence and
+time, not by epochs, so B follows a noise scale that keeps growing, and comes down when the
+noise scale falls or the throughput model changes (a worker slows down, or leaves). Before
+the noise scale (with its error bar) and the push/pull time are known (the first
+iterations), B0 clipped into the range is kept.
+
+Off the critical path: the split of t+1 goes out at the B chosen last time
+(:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
+candidate scored at once in numpy (:meth:`IterationModel.many`), and the fixed costs
+refitted every ``FIT_EVERY`` iterations, so that the workers wait for their slices no
+longer than under LB-BSP at a fixed B.
 
 Noise: every worker reports |sum of its local per-sample gradients|^2 (``grad_sqr``, one
 scalar, computed only in this mode); rank 0 reports the same of the global sum after the
@@ -74,11 +83,12 @@ log = logging.getLogger(__name__)
 DEFAULTS = {"batch_range": "64:1024", "lr_scaling": _lr.ADASCALE, "goodput_model": "hetero",
             "every": 5}
 GOODPUT_MODELS = ("hetero", "homo")
-#: a batch must promise this much more goodput than the current one to be moved to
-GAIN_MARGIN = 0.05
 #: iterations of (batch, compute time) per worker the fixed costs are fitted over: long, as
 #: the batch sizes vary seldom (an epoch's last batch, a change of B)
 FIT_WINDOW = 128
+#: the fixed costs are refitted every this many iterations (a refit costs about half a
+#: millisecond per worker, on the coordinator's thread)
+FIT_EVERY = 16
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
 
@@ -103,65 +113,139 @@ def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
     return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
 
 
-def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None,
-                    least: int = 1):
+def equal_split_times(model: _tm.TimeModel, sync_s: float, batches) -> np.ndarray:
+    """:func:`equal_split_time` of every batch in ``batches`` at once."""
+    B = np.asarray(batches, dtype=np.int64)
+    n = len(model.speed)
+    base, extra = np.divmod(B, n)
+    sizes = base[:, None] + (np.arange(n)[None, :] < extra[:, None])
+    times = np.max(model.intercept + sizes / model.speed, axis=1) + max(float(sync_s), 0.0)
+    return np.where(B >= n, times, np.inf)
+
+
+class IterationModel:
     """B -> predicted iteration time under the ``hetero`` (LB-BSP makespan) or ``homo``
-    (equal split) throughput model; infinite below ``least`` (the split's minimum)."""
-    def seconds(B: int) -> float:
-        if B < least:
+    (equal split) throughput model; infinite below ``least`` (the split's minimum).
+
+    Called with one B it solves that batch's integer split (``mxlbbsp plan``'s table);
+    :meth:`many` gives every candidate at once in numpy (the planner's, on the
+    coordinator's thread: see :func:`mxlbbsp.core.planner.iteration_times`)."""
+
+    def __init__(self, kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None,
+                 least: int = 1):
+        self.kind, self.model, self.sync_s = kind, model, float(sync_s)
+        self.max_batch, self.least = max_batch, int(least)
+
+    def __call__(self, B: int) -> float:
+        if B < self.least:
             return math.inf
-        if kind == "homo":
-            return equal_split_time(model, sync_s, B)
-        return _planner.iteration_time(model, sync_s, B, max_batch)
-    return seconds
+        if self.kind == "homo":
+            return equal_split_time(self.model, self.sync_s, B)
+        return _planner.iteration_time(self.model, self.sync_s, B, self.max_batch)
+
+    def many(self, batches) -> np.ndarray:
+        batches = np.asarray(batches, dtype=np.int64)
+        if self.kind == "homo":
+            out = equal_split_times(self.model, self.sync_s, batches)
+        else:
+            out = _planner.iteration_times(self.model, self.sync_s, batches, self.max_batch,
+                                           self.least)
+        return np.where(batches >= self.least, out, np.inf)
+
+
+def iteration_model(kind: str, model: _tm.TimeModel, sync_s: float, max_batch=None,
+                    least: int = 1) -> IterationModel:
+    """B -> predicted iteration time (an :class:`IterationModel`)."""
+    return IterationModel(kind, model, sync_s, max_batch, least)
 
 
 class GoodputPlanner:
-    """Chooses B among Courier's candidates by goodput, with Courier's stability rules."""
+    """Chooses B among Courier's candidates by goodput.
 
-    def __init__(self, lo: int, hi: int, base_batch: int, every: int = 5,
-                 min_step: float = 1.15, per_octave: int = 4, max_changes: int = 2):
+    Every plan scores every candidate (in numpy) at the noise scale B goes by, and B moves
+    to the candidate of the most goodput among those that beat the current B by more than
+    ``min_gain`` wherever the noise scale lies within its error bar (``phi_range``: the
+    ratio of two batches' goodputs is monotone in phi, so its two ends decide), up or down,
+    at most once per ``min_interval`` iterations. So B follows the noise scale as far as
+    the evidence goes, and as often as it changes; an estimate still uncertain moves it
+    less far or not at all; and a new throughput model (a worker slows down, or leaves)
+    moves it at the next plan. ``min_gain`` covers the throughput model's own error.
+    """
+
+    #: the least goodput gain a move must promise on top of the noise scale's error bar
+    MIN_GAIN = 0.02
+
+    def __init__(self, lo: int, hi: int, base_batch: int, min_interval: int = 5,
+                 per_octave: int = 4, min_gain: float = MIN_GAIN):
         self.lo, self.hi = int(lo), int(hi)
         self.base_batch = int(base_batch)
-        self.every = max(1, int(every))
-        self.min_step = float(min_step)
-        self.max_changes = max(1, int(max_changes))
+        self.min_interval = max(1, int(min_interval))
+        self.min_gain = float(min_gain)
         self.batches = _planner.candidates(self.lo, self.hi, per_octave)
         self.current = int(min(max(base_batch, self.lo), self.hi))
         self.last_rows: List[_noise.GoodputRow] = []
         self.changes = 0
-        self.changes_in_epoch = 0
-        self._epoch = None
-        self._pending: List[int] = []
+        self.plans = 0
+        self._changed_at: Optional[int] = None
+
+    def _scores(self, iteration_s, phi: float):
+        """(batches, iteration times, throughputs) of the candidates and the current B."""
+        batches = np.union1d(self.batches, [self.current])
+        if hasattr(iteration_s, "many"):
+            times = np.asarray(iteration_s.many(batches), dtype=float)
+        else:
+            times = np.array([float(iteration_s(int(b))) for b in batches])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            thr = np.where(np.isfinite(times) & (times > 0), batches / times, 0.0)
+        return batches, times, thr
+
+    def _goodput(self, batches, thr, phi: float) -> np.ndarray:
+        return thr * _noise.efficiency(phi, batches, self.base_batch)
 
     def rows(self, iteration_s, phi: float) -> List[_noise.GoodputRow]:
-        batches = sorted(set(int(b) for b in self.batches) | {self.current})
-        return _noise.goodput_rows(batches, iteration_s, phi, self.base_batch)
+        batches, times, thr = self._scores(iteration_s, phi)
+        eff = _noise.efficiency(phi, batches, self.base_batch)
+        return [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(r * e))
+                for b, it, r, e in zip(batches, times, thr, eff)]
 
-    def update(self, iteration_s, phi: float, epoch: Optional[int] = None,
+    def update(self, iteration_s, phi: float, phi_range=None, iteration: Optional[int] = None,
                force: bool = False) -> int:
-        """The batch of the next iteration, given B -> iteration time and phi."""
-        if epoch != self._epoch:
-            self._epoch, self.changes_in_epoch = epoch, 0
-        rows = self.rows(iteration_s, phi)
-        self.last_rows = rows
-        best = _noise.best(rows)
+        """The batch of the next iteration, given B -> iteration time (a callable, or an
+        :class:`IterationModel`), phi and its error bar ``phi_range`` (low, high; None: phi
+        is taken as exact); ``iteration``: the one being planned (default: the count of
+        plans), which ``min_interval`` counts in."""
+        self.plans += 1
+        now = self.plans if iteration is None else int(iteration)
+        batches, times, thr = self._scores(iteration_s, phi)
+        good = self._goodput(batches, thr, phi)
+        eff = _noise.efficiency(phi, batches, self.base_batch)
+        self.last_rows = [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(g))
+                          for b, it, r, e, g in zip(batches, times, thr, eff, good)]
         if force:
-            self.current, self._pending = best.batch, []
+            self._move(int(batches[int(np.argmax(good))]), now)
             return self.current
-        here = next(r for r in rows if r.batch == self.current)
-        far = max(best.batch, self.current) >= self.min_step * min(best.batch, self.current)
-        if far and best.goodput > (1.0 + GAIN_MARGIN) * here.goodput:
-            self._pending.append(best.batch)
-        else:
-            self._pending = []
-        if len(self._pending) >= self.every and self.changes_in_epoch < self.max_changes:
-            pick = min(self._pending, key=lambda b: abs(math.log(b / self.current)))
-            self._pending = []
-            self.changes += 1
-            self.changes_in_epoch += 1
-            self.current = int(pick)
+        if self._changed_at is not None and now - self._changed_at < self.min_interval:
+            return self.current
+        here = int(np.searchsorted(batches, self.current))
+        worst = np.full(len(batches), np.inf)
+        ends = [phi] + [x for x in (phi_range or ()) if not (isinstance(x, float)
+                                                              and math.isnan(x))]
+        for end in ends:
+            g = self._goodput(batches, thr, end)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(g[here] > 0, g / g[here], np.where(g > 0, np.inf, 1.0))
+            worst = np.minimum(worst, ratio)
+        better = worst > 1.0 + self.min_gain
+        if better.any():
+            pick = int(np.argmax(np.where(better, good, -np.inf)))
+            self._move(int(batches[pick]), now)
         return self.current
+
+    def _move(self, batch: int, now: int) -> None:
+        if batch != self.current:
+            self.changes += 1
+            self._changed_at = now
+        self.current = batch
 
     def row(self, batch: Optional[int] = None) -> Optional[_noise.GoodputRow]:
         batch = self.current if batch is None else batch
@@ -181,7 +265,9 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.planner: Optional[GoodputPlanner] = None
         self.noise: Optional[_noise.NoiseScale] = None
         #: each worker's fixed cost per iteration, fitted from its batches and compute times
-        self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW)
+        self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW, every=FIT_EVERY)
+        #: (iteration, time models, split sent) for after_split
+        self._to_plan: Optional[tuple] = None
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -194,7 +280,7 @@ class GoodputPolicy(BatchChoosingPolicy):
             return problem
         B0 = int(hellos[0]["global_batch_size"])
         self.noise = _noise.NoiseScale(B0)
-        self.planner = GoodputPlanner(self.lo, self.hi, B0, every=self.every)
+        self.planner = GoodputPlanner(self.lo, self.hi, B0, min_interval=self.every)
         return None
 
     # ---- noise -------------------------------------------------------------------------
@@ -243,35 +329,47 @@ class GoodputPolicy(BatchChoosingPolicy):
         return batch
 
     def plan(self, t, model, next_B, current):
-        """The split of t+1 at the B the planner chose last time, sent at once; then, off
-        the workers' path (they wait only for their slices), the planner's next choice
-        from what iteration t measured: a change of B takes effect one iteration later."""
+        """The split of t+1 at the B the planner chose last time, sent at once; the next
+        choice is made in :meth:`after_split`, off the workers' path: a change of B takes
+        effect one iteration later."""
         current = self.coordinator.current_split
-        N = self.dataset_size
-        done = self.trained + self.totals.get(t, 0)
-        phi = self.phi
         B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
         sizes = self._split_and_send(t, model, B, next_B, current)
+        self._to_plan = (t, model, sizes)
+        return sizes
+
+    def after_split(self, t: int) -> None:
+        """The planner's next choice from what iteration t measured (the split of t+1 is
+        out): the workers' time models with their fixed costs, the push/pull time, the
+        noise scale and its error bar."""
+        if self._to_plan is None or self._to_plan[0] != t:
+            return
+        _, model, sizes = self._to_plan
+        self._to_plan = None
         # the split goes by the split's model; the throughput, with the fixed costs
         batches = self._observe_times()
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
+        phi = self.phi
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch, self.least)
-            self.planner.update(fn, phi, epoch=int(done // N) if N else None)
+            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=t + 1)
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         note = self.noted.setdefault(t + 1, {})
         if batches is not None:
             note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
-        point = self.noise.noise_scale if self.noise is not None else math.nan
-        note["noise_scale_point"] = point if math.isfinite(point) else None
+        if self.noise is not None and self.noise.known:
+            point = self.noise.noise_scale
+            note["noise_scale_point"] = point if math.isfinite(point) else None
+            low, high = self.noise.noise_scale_range
+            note["noise_scale_range"] = [low if math.isfinite(low) else None,
+                                         high if math.isfinite(high) else None]
         if row is not None:
             note["goodput"] = row.goodput
             note["efficiency"] = row.efficiency
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
-        return sizes
 
     @property
     def phi(self) -> float:
@@ -302,6 +400,7 @@ class GoodputPolicy(BatchChoosingPolicy):
             gain = _noise.gain(phi, B, self.noise.base_batch)
         return {"batch_range": [self.lo, self.hi], "goodput_model": self.kind,
                 "noise_scale": phi, "noise_scale_point": note.get("noise_scale_point"),
+                "noise_scale_range": note.get("noise_scale_range"),
                 "goodput": note.get("goodput"),
                 "efficiency": note.get("efficiency"), "adascale_gain": gain,
                 "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share")}

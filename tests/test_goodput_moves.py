@@ -1,0 +1,99 @@
+"""How goodput's B(t) moves as the job runs, driven through the real coordinator: worker
+sessions over loopback TCP in one thread, with emulated compute times and gradient norms
+(no MXNet). The noise scale grows within an epoch, and a fast worker drops out of the
+throughput model."""
+import math
+
+import numpy as np
+
+from mxlbbsp.worker.session import Session
+
+from conftest import in_threads
+from test_coordinator import coordinator, env_for, finished_records  # noqa: F401
+
+N_WORKERS, B0, EPOCH = 2, 64, 16000
+#: emulated compute: a fixed cost per iteration and a speed per worker (samples/s): 1:3.
+#: Seconds rather than milliseconds, so the threads' own time is lost in them
+FIXED_S, SPEEDS = 0.2, (600.0, 200.0)
+DIM = 400
+
+
+def _sessions(c):
+    out, errors = in_threads(lambda r: Session(
+        B0, EPOCH, B0, None, env=dict(env_for(c, r, N_WORKERS, "goodput"),
+                                       MXLBBSP_LR_SCALING="adascale")), N_WORKERS)
+    assert not errors
+    return out
+
+
+def _run(c, iterations, noise_of, speeds_of, seed=0):
+    """``iterations`` of the 2 workers: compute FIXED_S + b / speed (``speeds_of(t)``),
+    gradient sums of b samples whose noise scale is ``noise_of(samples so far)``; returns
+    the metrics records of rank 0 by iteration."""
+    rng = np.random.default_rng(seed)
+    ss = _sessions(c)
+    sd = rng.uniform(0.5, 1.5, DIM)
+    direction = rng.standard_normal(DIM)
+    direction /= np.linalg.norm(direction)
+    done = 0
+    for t in range(iterations):
+        sizes = [s.next_iteration(None)[2] for s in ss]
+        rest = EPOCH - (done + sum(sizes)) % EPOCH     # the cap on the next B
+        for s in ss:
+            s.next_global_batch = lambda rest=rest: rest
+        # |G|^2 = tr(Sigma) / phi: a gradient that shrinks as the noise scale grows
+        G = direction * math.sqrt(float(sd @ sd) / noise_of(done))
+        sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(DIM) for b in sizes]
+        speeds = speeds_of(t)
+        for s, part, b, v in zip(ss, sums, sizes, speeds):
+            s.grad_sqr = float(part @ part)
+            s._t_end -= FIXED_S + b / v          # the emulated compute of b samples
+            s.gradients_ready()
+        total = np.sum(sums, axis=0)
+        ss[0].global_grad_sqr = float(total @ total)
+        for s in ss:
+            s.step_done()
+        done += sum(sizes)
+    for s in ss:
+        s.close()
+    return {r["iteration"]: r for r in finished_records(c) if r["rank"] == 0}
+
+
+def test_a_noise_scale_that_grows_tenfold_in_an_epoch_raises_b_more_than_twice(coordinator):
+    """phi grows from 40 to 400 over the first 12 000 samples of a 16 000-sample epoch: B
+    follows it up, step after step, within the epoch (a cap of changes per epoch froze it
+    after two moves)."""
+    c = coordinator(N_WORKERS, sync="goodput", predictor="last",
+                    sync_options={"batch_range": "16:1024"})
+    recs = _run(c, 400, lambda samples: 40.0 * 10 ** min(samples / 12000, 1.0),
+                lambda t: SPEEDS)
+    seen, batches = 0, []
+    for t in sorted(recs):
+        batches.append(recs[t]["global_batch"])
+        seen += recs[t]["global_batch"]
+        if seen >= EPOCH:
+            break
+    assert seen == EPOCH                     # the whole first epoch
+    rises = [(a, b) for a, b in zip(batches, batches[1:-1]) if b > a]
+    assert len(rises) > 2, batches
+    phis = [recs[t]["noise_scale"] for t in sorted(recs)[:len(batches)]
+            if recs[t]["noise_scale"] is not None]
+    assert phis[-1] > 3 * phis[0]            # the estimate followed the noise scale
+    assert max(batches[-10:-1]) > 2 * min(batches)
+
+
+def test_b_comes_down_when_a_fast_worker_leaves_the_throughput_model(coordinator):
+    """A steady noise scale; after iteration 150 the fast worker slows down 30x (as good as
+    gone from the throughput: its share of the split falls to a few samples): the same
+    efficiency now costs more time per sample, and B comes down."""
+    c = coordinator(N_WORKERS, sync="goodput", predictor="last",
+                    sync_options={"batch_range": "16:1024"})
+    slow = (SPEEDS[0] / 30, SPEEDS[1])
+    recs = _run(c, 260, lambda samples: 300.0, lambda t: SPEEDS if t < 150 else slow)
+    before = [recs[t]["global_batch"] for t in range(130, 150)]
+    soon = [recs[t]["global_batch"] for t in range(150, 170)]
+    after = [recs[t]["global_batch"] for t in range(230, 259)]
+    assert len(set(before)) == 1, before     # settled
+    # down within a few iterations (the predictor's and the planner's), far down
+    assert min(soon[:10]) < before[0] and min(soon) < before[0] / 1.5, (before, soon)
+    assert max(after) < before[0], (before, after)   # and it stays down
