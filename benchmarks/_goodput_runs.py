@@ -21,13 +21,16 @@ EVAL = re.compile(r"eval: iteration=(\d+) accuracy=([\d.]+) train_s=([\d.]+)")
 RETRIES = 2
 
 
-def run_to_target(workers, train, base: Path, sync, launch, target, timeout=1800) -> dict:
-    """One job of ``examples/train_gluon.py`` until rank 0's first evaluation at or above
-    ``target`` (then the launcher gets SIGINT: the rest of the run would tell nothing) or its
-    last iteration. Its output goes to ``base``.log, its metrics to ``base``.jsonl."""
+def run_to_target(workers, train, base: Path, sync, launch, target, timeout=1800,
+                  script=None) -> dict:
+    """One job of ``script`` (default ``examples/train_gluon.py``) until rank 0's first
+    evaluation at or above ``target`` (then the launcher gets SIGINT: the rest of the run
+    would tell nothing) or its last iteration. Its output goes to ``base``.log, its metrics
+    to ``base``.jsonl."""
     for attempt in range(RETRIES + 1):
         try:
-            return _run_once(workers, train, base, sync, launch, target, timeout)
+            return _run_once(workers, train, base, sync, launch, target, timeout,
+                             script or str(C.EXAMPLE))
         except _StartFailed as exc:
             if attempt == RETRIES:
                 raise SystemExit(str(exc)) from None
@@ -40,11 +43,11 @@ class _StartFailed(Exception):
         self.line = line
 
 
-def _run_once(workers, train, base: Path, sync, launch, target, timeout) -> dict:
+def _run_once(workers, train, base: Path, sync, launch, target, timeout, script) -> dict:
     metrics, log = base.with_suffix(".jsonl"), base.with_suffix(".log")
     argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-n", str(workers), "--sync", sync,
             "--metrics", str(metrics), "--progress", "0", *launch, "--",
-            C.PY, str(C.EXAMPLE), *train]
+            C.PY, script, *train]
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=C.ROOT, env=C.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -80,7 +83,14 @@ def _run_once(workers, train, base: Path, sync, launch, target, timeout) -> dict
         samples_per_s = _metrics.summarize(recs, skip=5)["samples_per_s"]
     except (ValueError, KeyError, ZeroDivisionError):
         samples_per_s = float("nan")
+    # each worker's wait for its slice in an iteration: its wait less its push/pull (no slot
+    # wait outside r2sp); iterations 0-1 left out (graphs built, the first split)
+    waits = [r["wait_s"] - r["sync_s"] for r in recs if r["iteration"] >= 2
+             and isinstance(r.get("wait_s"), (int, float))
+             and isinstance(r.get("sync_s"), (int, float))]
     run = {"seconds_to_target": hit[2] if hit else None,
+           "alloc_wait_ms": 1e3 * C.median(waits) if waits else float("nan"),
+           "alloc_wait_mean_ms": 1e3 * sum(waits) / len(waits) if waits else float("nan"),
            "iterations_to_target": hit[0] if hit else None,
            "final_accuracy": points[-1][1] if points else None,
            "curve": points, "samples_per_s": samples_per_s,
@@ -88,7 +98,7 @@ def _run_once(workers, train, base: Path, sync, launch, target, timeout) -> dict
            "wall_s": time.monotonic() - started}
     if sync == "goodput":
         run["noise"] = [(r["iteration"], r.get("noise_scale"), r.get("noise_scale_point"),
-                         r.get("lr_factor"), r.get("fixed_share"))
+                         r.get("lr_factor"), r.get("fixed_share"), r.get("noise_scale_range"))
                         for r in sorted(rank0, key=lambda r: r["iteration"])]
     return run
 
@@ -157,8 +167,9 @@ def _fmt(x, spec="{:.2f}"):
 
 
 def tables(work, args, B0, load_at_start, results, cost) -> str:
-    """The result's markdown: per cluster the seconds to the target of every arm and seed,
-    the ratios per seed, and the goodput runs' noise scale and B(t)."""
+    """The result's markdown: per cluster the seconds and iterations to the target of every
+    arm and seed, the workers' allocation wait, the ratios per seed, and the goodput runs'
+    noise scale and B(t)."""
     lines = [f"{work['label']}, target test accuracy {work['target']}, {args.seeds} seed(s), "
              f"emulated compute {work['compute']} ms/sample, B0 = {B0}, goodput in "
              f"{work['batch_range']}, at most {work['iterations']} iterations, evaluation "
@@ -167,34 +178,44 @@ def tables(work, args, B0, load_at_start, results, cost) -> str:
         runs, sm = res["runs"], res["summary"]
         lo, hi = res["load"]
         lines += ["", f"**{cluster}** (load average {lo:.1f}-{hi:.1f} at the arms' starts)", "",
-                  "| arm | reached | seconds to target, per seed | median | median B(t), "
-                  "per seed | samples/s |", "|---|---|---|---|---|---|"]
+                  "| arm | reached | seconds to target, per seed | median | iterations to "
+                  "target, per seed | median B(t), per seed | samples/s | allocation wait, "
+                  "ms per iteration (median; mean) |", "|---|---|---|---|---|---|---|---|"]
         for arm, rs in runs.items():
             secs = [r["seconds_to_target"] for r in rs]
             got = [s for s in secs if s is not None]
             spans = ", ".join(f"{C.median(r['batches']):.0f}" for r in rs)
+            its = ", ".join(_fmt(r["iterations_to_target"], "{}") for r in rs)
+            wait = C.median([r["alloc_wait_ms"] for r in rs])
+            wait_mean = C.median([r["alloc_wait_mean_ms"] for r in rs])
             lines.append(
                 f"| {arm} | {len(got)}/{len(rs)} | "
                 f"{', '.join(_fmt(s, '{:.1f}') for s in secs)} | "
-                f"{_fmt(C.median(got) if got else None, '{:.1f}')} | {spans} | "
-                f"{C.median([r['samples_per_s'] for r in rs]):.0f} |")
+                f"{_fmt(C.median(got) if got else None, '{:.1f}')} | {its} | {spans} | "
+                f"{C.median([r['samples_per_s'] for r in rs]):.0f} | "
+                f"{wait:.2f}; {wait_mean:.2f} |")
         lines += ["", "| goodput / | per seed | median |", "|---|---|---|"]
         for key, what in (("vs_best_fixed", "the best fixed B of each seed"),
                           ("vs_fixed_B", f"the best fixed B over the seeds (B={sm['fixed_B']})"),
                           ("vs_bsp", f"BSP B={B0}"), ("vs_homo", "goodput homo"),
                           ("vs_sqrt", "goodput sqrt")):
+            if not any(x is not None for x in sm[key + "_per_seed"]):
+                continue                      # an arm not run (--arms core)
             lines.append(f"| {what} | "
                          f"{', '.join(_fmt(x) for x in sm[key + '_per_seed'])} | "
                          f"{_fmt(sm[key])} |")
         lines.append(f"| (best fixed B per seed) | "
                      f"{', '.join(str(b) for b in sm['best_fixed_per_seed'])} | |")
-        noise = []
+        noise, moves = [], []
         for r in runs["goodput"]:
             phis = [n[1] for n in r.get("noise", []) if n[1] is not None]
             if phis:
                 noise.append(f"{phis[0]:.0f} -> {C.median(phis):.0f} -> {phis[-1]:.0f}")
+            moves.append(_moves(r["batches"]))
         lines += ["", "goodput's noise scale (the cautious phi, first -> median -> last), per "
-                  "seed: " + "; ".join(noise or ["-"])]
+                  "seed: " + "; ".join(noise or ["-"]),
+                  "", "goodput's B(t), per seed (iteration: B at each change): "
+                  + "; ".join(moves)]
     lines += ["", "Worker cost of the noise scale's norm (Trainer.grad_sqr, one process, median "
               "of the repetitions): " + "; ".join(
                   f"{m} B={c['batch']}: {c['norm_ms']:.3f} ms = {100 * c['ratio']:.1f} % of "
@@ -202,9 +223,20 @@ def tables(work, args, B0, load_at_start, results, cost) -> str:
     return "\n".join(lines)
 
 
+def _moves(batches) -> str:
+    """B(t) as its changes: '0: 64, 12: 91, ...' (an epoch's short last batch left out)."""
+    out, last = [], None
+    for t, b in enumerate(batches):
+        nxt = batches[t + 1] if t + 1 < len(batches) else b
+        if b != last and not (last is not None and nxt == last):
+            out.append(f"{t}: {b}")
+            last = b
+    return ", ".join(out)
+
+
 def trajectory_png(results, path: Path, label: str) -> None:
-    """The goodput runs' cautious noise scale and B(t) by iteration, one line per seed, a
-    column per cluster."""
+    """The goodput runs' cautious noise scale (log axis, with its error bar) and B(t) by
+    iteration, one line per seed, a column per cluster."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -214,9 +246,19 @@ def trajectory_png(results, path: Path, label: str) -> None:
         for seed, r in enumerate(res["runs"]["goodput"]):
             pts = [(n[0], n[1]) for n in r.get("noise", []) if n[1] is not None]
             if pts:
-                axes[0][col].plot(*zip(*pts), label=f"seed {seed}")
+                line, = axes[0][col].plot(*zip(*pts), label=f"seed {seed}")
+                bars = [(n[0], n[5][0], n[5][1]) for n in r.get("noise", [])
+                        if len(n) > 5 and n[5] and n[5][0] is not None
+                        and n[5][1] is not None]
+                if bars:
+                    x, low, high = zip(*bars)
+                    axes[0][col].fill_between(x, low, high, color=line.get_color(),
+                                              alpha=0.15, linewidth=0)
             axes[1][col].plot(range(len(r["batches"])), r["batches"], label=f"seed {seed}")
-        axes[0][col].set_title(f"{cluster}: noise scale (samples)", fontsize=9)
+        axes[0][col].set_yscale("log")
+        axes[1][col].set_yscale("log")
+        axes[0][col].set_title(f"{cluster}: noise scale (samples; band: its error bar)",
+                               fontsize=9)
         axes[1][col].set_title(f"{cluster}: global batch B(t)", fontsize=9)
         axes[1][col].set_xlabel("iteration")
         axes[0][col].legend(fontsize=7)

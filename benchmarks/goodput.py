@@ -46,27 +46,46 @@ import _common as C
 import _goodput_runs as R
 import _suite as S
 
+#: the synthetic workloads' worker script (examples/train_gluon.py for the others)
+BLOBS = str(Path(__file__).resolve().parent / "_goodput_train.py")
 WORKLOADS = {
     "mlp": {"label": "MLP on digits", "train": ["--model", "mlp", "--data", "digits"],
             "compute": 0.5, "target": 0.95, "batch_range": "16:512", "fixed": "32,64,128",
-            "eval_interval": 5, "iterations": 300},
+            "eval_interval": 5, "iterations": 300, "clusters": "1,3;1,1,3"},
     "resnet20": {"label": "BatchNorm ResNet-20 on synthetic 3x32x32 (4096 images, noise 3)",
                  "train": ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",
                            "--noise", "3", "--image-shape", "3,32,32"],
                  "compute": 0.0, "target": 0.8, "batch_range": "16:256",
-                 "fixed": "32,64,128", "eval_interval": 10, "iterations": 300},
+                 "fixed": "32,64,128", "eval_interval": 10, "iterations": 300,
+                 "clusters": "1,3;1,1,3"},
+    # larger batches save many iterations: 10 % of the labels flipped (a high noise scale)
+    "labelnoise": {"label": "4-class MLP on 16 000 Gaussian samples, 10 % label noise",
+                   "script": BLOBS, "train": ["--separation", "3", "--label-noise", "0.1"],
+                   "compute": 0.1, "target": 0.78, "batch_range": "16:512",
+                   "fixed": "32,64,128,256", "eval_interval": 5, "iterations": 600,
+                   "clusters": "1,3"},
+    # they save few: clean labels, well separated classes (a low noise scale)
+    "lownoise": {"label": "4-class MLP on 16 000 Gaussian samples, clean labels",
+                 "script": BLOBS, "train": ["--separation", "4", "--label-noise", "0"],
+                 "compute": 0.5, "target": 0.87, "batch_range": "16:512",
+                 "fixed": "32,64,128", "eval_interval": 2, "iterations": 300,
+                 "clusters": "1,3"},
 }
 SMOKE = {"mlp": {"iterations": 12}, "resnet20": {
     "iterations": 6, "eval_interval": 3, "label": "ResNet-20 smoke (512 images)",
     "train": ["--model", "resnet20", "--data", "synthetic", "--samples", "512", "--noise", "3",
-              "--image-shape", "3,32,32"]}}
+              "--image-shape", "3,32,32"]}, "labelnoise": {"iterations": 12},
+    "lownoise": {"iterations": 12}}
+#: the arms beside goodput (its defaults), the fixed-B ones and BSP (``--arms all``)
+VARIANTS = {"goodput sqrt": ["--lr-scaling", "sqrt"],
+            "goodput homo": ["--goodput-model", "homo"]}
 
 
-def arms(fixed, B0):
+def arms(fixed, B0, variants=True):
     """{arm: (sync, B, extra launch options)}."""
-    out = {"goodput": ("goodput", B0, []),
-           "goodput sqrt": ("goodput", B0, ["--lr-scaling", "sqrt"]),
-           "goodput homo": ("goodput", B0, ["--goodput-model", "homo"])}
+    out = {"goodput": ("goodput", B0, [])}
+    if variants:
+        out.update({name: ("goodput", B0, extra) for name, extra in VARIANTS.items()})
     for b in fixed:
         out[f"LB-BSP B={b}"] = ("lbbsp", b, [])
     out[f"BSP B={B0}"] = ("bsp", B0, [])
@@ -77,7 +96,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
     p.add_argument("--seeds", type=int, default=3, help="seeds per cluster (default 3)")
-    p.add_argument("--clusters", default="1,3;1,1,3", help="slowdown factors; ';' between")
+    p.add_argument("--clusters", help="slowdown factors; ';' between (default: the "
+                   "workload's: 1,3;1,1,3 for mlp and resnet20, 1,3 for the others)")
+    p.add_argument("--arms", default="all", choices=["all", "core"],
+                   help="all: goodput, goodput sqrt, goodput homo, the fixed B's and BSP; "
+                        "core: without the two goodput variants")
     p.add_argument("--fixed", help="LB-BSP arms' global batches (default: the workload's)")
     p.add_argument("--batch-size", type=int, default=64, help="B0 (BSP's, goodput's start)")
     p.add_argument("--batch-range", help="goodput's (default: the workload's)")
@@ -89,6 +112,7 @@ def main():
     C.add_smoke(p)
     args = p.parse_args()
     work = dict(WORKLOADS[args.workload])
+    args.clusters = args.clusters or work["clusters"]
     if C.smoke(args):
         work.update(SMOKE[args.workload], fixed="64")
         args.seeds, args.clusters = 1, "1,3"
@@ -99,7 +123,7 @@ def main():
         work["compute"] = args.emulate_compute
     B0 = args.batch_size
     fixed = [int(x) for x in str(work["fixed"]).split(",")]
-    table = arms(fixed, B0)
+    table = arms(fixed, B0, variants=args.arms == "all")
     name = f"goodput_{args.workload}_" + args.clusters.replace(",", "").replace(";", "_")
     load_at_start = S.load()
     cost = R.norm_cost(5 if C.SMOKE else 30)
@@ -114,8 +138,10 @@ def main():
                     train = [*work["train"], "--batch-size", str(B),
                              "--lr", f"{args.lr * math.sqrt(B / B0):.6g}", "--momentum", "0.9",
                              "--seed", str(seed), "--epochs", "1000",
-                             "--iterations", str(work["iterations"]), "--log-interval", "0",
+                             "--iterations", str(work["iterations"]),
                              "--eval-interval", str(work["eval_interval"])]
+                    if "script" not in work:
+                        train += ["--log-interval", "0"]
                     launch = ["--emulate-slowdown", cluster]
                     if work["compute"]:
                         launch += ["--emulate-compute", str(work["compute"])]
@@ -126,14 +152,16 @@ def main():
                     C.progress(f"{args.workload} {cluster}, seed {seed}: {arm} "
                                f"(load {loads[-1]:.1f})")
                     run = R.run_to_target(len(cluster.split(",")), train, Path(tmp) / tag,
-                                          sync, launch, work["target"])
+                                          sync, launch, work["target"],
+                                          script=work.get("script"))
                     runs[arm].append(run)
                     C.progress("  " + (f"target at iteration {run['iterations_to_target']}, "
                                        f"{run['seconds_to_target']:.1f} s"
                                        if run["seconds_to_target"] is not None
                                        else "target not reached")
                                + f"; {run['samples_per_s']:.0f} samples/s; median B "
-                               + f"{C.median(run['batches']):.0f}")
+                               + f"{C.median(run['batches']):.0f}; allocation wait "
+                               + f"{run['alloc_wait_ms']:.2f} ms")
             results[cluster] = {"runs": runs, "summary": summarise(runs, fixed, B0),
                                 "load": [min(loads), max(loads)]}
     C.write(name, {"args": vars(args), "workload": work, "load_at_start": load_at_start,
@@ -146,7 +174,7 @@ def main():
 def summarise(runs, fixed, B0):
     """Per-seed ratios of seconds to target (None when an arm missed it), their medians."""
     def secs(arm, k):
-        return runs[arm][k]["seconds_to_target"]
+        return runs[arm][k]["seconds_to_target"] if arm in runs else None
 
     keys = ("vs_best_fixed", "vs_fixed_B", "vs_bsp", "vs_homo", "vs_sqrt")
     out = {k + "_per_seed": [] for k in keys}
