@@ -233,6 +233,8 @@ def test_report_plots_the_noise_scale_of_a_goodput_run(tmp_path):
                     "global_batch": B, "lr_factor": (B / 64) ** 0.5,
                     "batch_range": [16, 512], "goodput_model": "hetero",
                     "noise_scale": None if t < 3 else 100.0 + t, "goodput": 1000.0 + t,
+                    "noise_scale_range": None if t < 3 else [80.0 + t, None if t < 8
+                                                             else 150.0 + t],
                     "efficiency": (100.0 + 64) / (100.0 + B), "adascale_gain": None,
                     "noise_point": [0.1, 10.0]}) + "\n")
     index = write_report([str(path)], str(tmp_path / "out"))

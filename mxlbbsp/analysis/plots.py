@@ -122,12 +122,25 @@ def plot_goodput(run: Run, path: str) -> str:
         _batch_panel(ax, its, B, lo_hi)
         ax.set_title(f"Global batch chosen for the most goodput ({kind} throughput model)",
                      loc="left")
-        ok = np.isfinite(phi)
+        # a log axis: the noise scale may grow 10-100x over a job, and one wild early value
+        # must not flatten the rest to a line at 0 (only positive values can be drawn)
+        ok = np.isfinite(phi) & (phi > 0)
         ax2.plot(its[ok], phi[ok], lw=1.6, color="#9467bd",
-                 label="noise scale tr(\u03a3)/|G|\u00b2 (samples)")
-        ax2.plot(its, B, lw=1.0, color="#1f77b4", ls="--", label="B(t)")
-        ax2.set_ylim(bottom=0)
-        ax2.set_ylabel("samples")
+                 label="noise scale tr(\u03a3)/|G|\u00b2 (samples; the one B goes by)")
+        low, high = (np.array([_float((r.get("noise_scale_range") or [None, None])[k])
+                               for r in rec]) for k in (0, 1))
+        band = np.isfinite(low) & (low > 0)
+        if band.any():
+            top = np.where(np.isfinite(high), high, np.nanmax(np.r_[phi[ok], low[band]]) * 10)
+            ax2.fill_between(its[band], low[band], top[band], color="#9467bd", alpha=0.15,
+                             lw=0, label="its error bar (one standard error of S and V)")
+        ok_b = np.isfinite(B) & (B > 0)
+        ax2.plot(its[ok_b], B[ok_b], lw=1.0, color="#1f77b4", ls="--", label="B(t)")
+        if ok.any() or ok_b.any():
+            ax2.set_yscale("log")
+            shown = np.r_[phi[ok], B[ok_b]]
+            ax2.set_ylim(shown.min() / 2, shown.max() * 2)
+        ax2.set_ylabel("samples (log)")
         ax2.set_title("Gradient noise scale measured from the workers' local gradients",
                       loc="left")
         ax2.legend(loc="best", fontsize=8)
