@@ -266,3 +266,99 @@ def trajectory_png(results, path: Path, label: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def coordinator_cost(workers=(2, 16), iterations=300, rounds=3) -> dict:
+    """The coordinator's side of the allocation wait, goodput against LB-BSP at a fixed B,
+    side by side (the modes interleaved per round): a real coordinator (NARX, in this
+    process) and ``workers`` worker sessions over loopback TCP in one thread, with emulated
+    compute times (a fixed cost and a per-sample cost, 1:3 for the last worker) and
+    gradient norms (a noise scale of 200). Per mode and size: ``Coordinator.alloc_latency``
+    (the last report in to the split handed to the sockets), and the policy's
+    ``after_split`` (goodput's planning, after the split is out), in ms."""
+    import math
+    import time as _time
+
+    import numpy as np
+
+    from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+    from mxlbbsp.worker.session import Session
+
+    token, B0, N, dim = "cost", 64, 10 ** 6, 200
+    out = {}
+
+    def one(mode, n, seed):
+        config = CoordinatorConfig(num_workers=n, token=token, sync=mode,
+                                   sync_options={"batch_range": "16:1024"}
+                                   if mode == "goodput" else {})
+        coord = Coordinator(config)
+        coord.start()
+        spent = []
+        policy = coord._policy
+        if mode == "goodput":
+            inner = policy.after_split
+
+            def timed(t):
+                started = _time.perf_counter()
+                inner(t)
+                spent.append(_time.perf_counter() - started)
+            policy.after_split = timed
+        env = {"MXLBBSP_COORDINATOR": f"{coord.address[0]}:{coord.address[1]}",
+               "MXLBBSP_TOKEN": token, "DMLC_NUM_WORKER": str(n), "MXLBBSP_SYNC": mode}
+        sessions = [None] * n
+
+        def start(r):
+            sessions[r] = Session(B0, N, B0, None, env=dict(env, MXLBBSP_RANK=str(r),
+                                                            MXLBBSP_HOST=f"h{r}"))
+        threads = [threading.Thread(target=start, args=(r,)) for r in range(n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        rng = np.random.default_rng(seed)
+        sd = rng.uniform(0.5, 1.5, dim)
+        G = rng.standard_normal(dim)
+        G *= math.sqrt(float(sd @ sd) / 200.0) / np.linalg.norm(G)
+        speed = np.full(n, 3000.0)
+        speed[-1] = 1000.0
+        for _ in range(iterations):
+            sizes = [s.next_iteration(None if mode == "goodput" else B0)[2]
+                     for s in sessions]
+            sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(dim) for b in sizes]
+            for s, part, b, v in zip(sessions, sums, sizes, speed):
+                s.grad_sqr = float(part @ part)
+                s._t_end -= 0.005 + b / v
+                s.gradients_ready()
+            total = np.sum(sums, axis=0)
+            sessions[0].global_grad_sqr = float(total @ total)
+            for s in sessions:
+                s.step_done()
+        for s in sessions:
+            s.close()
+        coord.finished.wait(10)
+        coord.stop()
+        latency = np.array(list(coord.alloc_latency)[5:]) * 1e3
+        return latency, np.array(spent[5:]) * 1e3
+
+    for n in workers:
+        got = {"goodput": ([], []), "lbbsp": ([], [])}
+        for k in range(rounds):
+            for mode in (("goodput", "lbbsp") if k % 2 == 0 else ("lbbsp", "goodput")):
+                latency, spent = one(mode, n, k)
+                got[mode][0].append(latency)
+                got[mode][1].append(spent)
+        out[n] = {}
+        for mode, (lat, spent) in got.items():
+            lat = np.concatenate(lat)
+            spent = np.concatenate(spent) if any(len(x) for x in spent) else np.array([])
+            out[n][mode] = {
+                "alloc_latency_median_ms": float(np.median(lat)),
+                "alloc_latency_p99_ms": float(np.percentile(lat, 99)),
+                "after_split_median_ms": float(np.median(spent)) if len(spent) else None,
+                "after_split_p99_ms": float(np.percentile(spent, 99)) if len(spent) else None}
+        C.progress(f"coordinator, {n} workers: alloc latency median goodput "
+                   f"{out[n]['goodput']['alloc_latency_median_ms']:.3f} ms, lbbsp "
+                   f"{out[n]['lbbsp']['alloc_latency_median_ms']:.3f} ms; goodput's "
+                   f"planning after the split {out[n]['goodput']['after_split_median_ms']:.3f}"
+                   " ms")
+    return out

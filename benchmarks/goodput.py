@@ -109,8 +109,14 @@ def main():
     p.add_argument("--iterations", type=int, help="most iterations per run")
     p.add_argument("--emulate-compute", type=float, metavar="MS")
     p.add_argument("--eval-interval", type=int)
+    p.add_argument("--coordinator-cost", action="store_true",
+                   help="instead: the coordinator's allocation latency and goodput's planning "
+                        "time, goodput against LB-BSP at a fixed B, with emulated workers "
+                        "in this process (2 and 16 workers, 5 rounds)")
     C.add_smoke(p)
     args = p.parse_args()
+    if args.coordinator_cost:
+        return coordinator_cost(args)
     work = dict(WORKLOADS[args.workload])
     args.clusters = args.clusters or work["clusters"]
     if C.smoke(args):
@@ -169,6 +175,28 @@ def main():
             R.tables(work, args, B0, load_at_start, results, cost))
     if not C.SMOKE:
         R.trajectory_png(results, C.RESULTS / f"{name}.png", work["label"])
+
+
+def coordinator_cost(args):
+    """``--coordinator-cost``: R.coordinator_cost, written as goodput_coordinator_cost."""
+    smoke = C.smoke(args)
+    load_at_start = S.load()
+    cost = R.coordinator_cost(workers=(2,) if smoke else (2, 16),
+                              iterations=30 if smoke else 300, rounds=1 if smoke else 5)
+    lines = [f"The coordinator's side of the allocation wait, goodput (`--batch-range 16:1024`, "
+             f"adascale) against LB-BSP at B=64, emulated workers in one process, NARX, the "
+             f"modes interleaved over the rounds; load average {load_at_start:.1f} at the "
+             f"start (ms)", "",
+             "| workers | mode | alloc latency median | p99 | planning after the split: "
+             "median | p99 |", "|---|---|---|---|---|---|"]
+    for n, modes in cost.items():
+        for mode, c in modes.items():
+            lines.append(f"| {n} | {mode} | {c['alloc_latency_median_ms']:.3f} | "
+                         f"{c['alloc_latency_p99_ms']:.3f} | "
+                         f"{R._fmt(c['after_split_median_ms'], '{:.3f}')} | "
+                         f"{R._fmt(c['after_split_p99_ms'], '{:.3f}')} |")
+    C.write("goodput_coordinator_cost", {"load_at_start": load_at_start, "cost": cost},
+            "\n".join(lines))
 
 
 def summarise(runs, fixed, B0):
