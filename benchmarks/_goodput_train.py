@@ -54,7 +54,9 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the initialisation and the order")
+    p.add_argument("--data-seed", type=int, default=0,
+                   help="the data set (the same for every --seed: one workload)")
     p.add_argument("--epochs", type=int, default=1000)
     p.add_argument("--iterations", type=int, default=0)
     p.add_argument("--eval-interval", type=int, default=5)
@@ -62,7 +64,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     mx.random.seed(args.seed)
     x, y, tx, ty = blobs(args.samples, args.classes, args.dim, args.separation,
-                         args.label_noise, args.seed, 2000)
+                         args.label_noise, args.data_seed, 2000)
     train = gluon.data.ArrayDataset(nd.array(x), nd.array(y))
     test = [(nd.array(tx), nd.array(ty))]
     net = gluon.nn.HybridSequential()
