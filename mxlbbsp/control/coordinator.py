@@ -342,6 +342,10 @@ class Coordinator:
         """One message to worker ``rank`` (dropped when it is gone)."""
         self.links.send(rank, msg)
 
+    def broadcast(self, msg: dict) -> None:
+        """One message to every worker, encoded once (behind a relay: one frame for all)."""
+        self.links.broadcast(msg)
+
     def send_split(self, iteration: int, split) -> None:
         """Every worker its own slice of ``split``, iteration's global batch (O(n) bytes)."""
         self.links.send_split(iteration, split)

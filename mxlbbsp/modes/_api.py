@@ -87,6 +87,9 @@ class Control(Protocol):
     def send(self, rank: int, msg: dict) -> None:
         """Send one protocol message (:mod:`mxlbbsp.core.protocol`) to worker ``rank``."""
 
+    def broadcast(self, msg: dict) -> None:
+        """Send one protocol message to every worker (encoded once; one frame per relay)."""
+
 
 class WorkerSession(Protocol):
     """The worker's session as a mode's worker half sees it
