@@ -82,6 +82,9 @@ class _Control:
     def send(self, rank, msg):
         self.sent.append((rank, msg))
 
+    def broadcast(self, msg):
+        self.sent.extend((rank, msg) for rank in range(self.config.num_workers))
+
 
 def test_the_push_pull_time_is_the_least_any_worker_measured():
     """A worker that waited for another (rank 0 evaluating, untimed, between iterations)

@@ -386,9 +386,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         if self.rule != _lr.ADASCALE or self.noise is None:
             return
         factor = _lr.adascale(phi, int(np.sum(sizes)), self.noise.base_batch)
-        msg = {"type": LR_MESSAGE, "iteration": int(iteration), "factor": factor}
-        for rank in range(self.num_workers):
-            self.coordinator.send(rank, msg)
+        self.coordinator.broadcast({"type": LR_MESSAGE, "iteration": int(iteration),
+                                    "factor": factor})
 
     def record_fields(self, t: int) -> dict:
         """Goodput's columns of the metrics record of iteration t."""
