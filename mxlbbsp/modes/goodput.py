@@ -38,9 +38,11 @@ iterations), B0 clipped into the range is kept.
 
 Off the critical path: the split of t+1 goes out at the B chosen last time
 (:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
-candidate scored at once in numpy (:meth:`IterationModel.many`), and the fixed costs
-refitted every ``FIT_EVERY`` iterations, so that the workers wait for their slices no
-longer than under LB-BSP at a fixed B.
+``PLAN_EVERY`` iterations, every candidate scored at once in numpy
+(:meth:`IterationModel.many`), and the fixed costs refitted every ``FIT_EVERY``
+iterations: the coordinator's work per iteration stays close to LB-BSP's, so that the
+workers wait for their slices no longer than under LB-BSP at a fixed B (on a loaded
+machine any of the coordinator's CPU can become their wait).
 
 Noise: every worker reports |sum of its local per-sample gradients|^2 (``grad_sqr``, one
 scalar, computed only in this mode); rank 0 reports the same of the global sum after the
@@ -81,7 +83,7 @@ from .lbbsp import (
 log = logging.getLogger(__name__)
 
 DEFAULTS = {"batch_range": "64:1024", "lr_scaling": _lr.ADASCALE, "goodput_model": "hetero",
-            "every": 5}
+            "every": 4}
 GOODPUT_MODELS = ("hetero", "homo")
 #: iterations of (batch, compute time) per worker the fixed costs are fitted over: long, as
 #: the batch sizes vary seldom (an epoch's last batch, a change of B)
@@ -89,6 +91,10 @@ FIT_WINDOW = 128
 #: the fixed costs are refitted every this many iterations (a refit costs about half a
 #: millisecond per worker, on the coordinator's thread)
 FIT_EVERY = 16
+#: the planner scores the candidates every this many iterations (B may move once per
+#: ``every`` iterations, 4 by default): less of the coordinator's time per iteration, which
+#: on a loaded machine is what the workers wait for
+PLAN_EVERY = 4
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
 
@@ -175,7 +181,7 @@ class GoodputPlanner:
     #: the least goodput gain a move must promise on top of the noise scale's error bar
     MIN_GAIN = 0.02
 
-    def __init__(self, lo: int, hi: int, base_batch: int, min_interval: int = 5,
+    def __init__(self, lo: int, hi: int, base_batch: int, min_interval: int = 4,
                  per_octave: int = 4, min_gain: float = MIN_GAIN):
         self.lo, self.hi = int(lo), int(hi)
         self.base_batch = int(base_batch)
@@ -183,7 +189,9 @@ class GoodputPlanner:
         self.min_gain = float(min_gain)
         self.batches = _planner.candidates(self.lo, self.hi, per_octave)
         self.current = int(min(max(base_batch, self.lo), self.hi))
-        self.last_rows: List[_noise.GoodputRow] = []
+        #: the last plan's candidates and their (iteration time, throughput, efficiency,
+        #: goodput), as arrays (rows are built only when asked for: ``last_rows``)
+        self._last: Optional[tuple] = None
         self.changes = 0
         self.plans = 0
         self._changed_at: Optional[int] = None
@@ -217,10 +225,9 @@ class GoodputPlanner:
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
-        good = self._goodput(batches, thr, phi)
         eff = _noise.efficiency(phi, batches, self.base_batch)
-        self.last_rows = [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(g))
-                          for b, it, r, e, g in zip(batches, times, thr, eff, good)]
+        good = thr * eff
+        self._last = (batches, times, thr, eff, good)
         if force:
             self._move(int(batches[int(np.argmax(good))]), now)
             return self.current
@@ -247,9 +254,24 @@ class GoodputPlanner:
             self._changed_at = now
         self.current = batch
 
+    @property
+    def last_rows(self) -> List[_noise.GoodputRow]:
+        """The last plan's candidates (the current B among them), as rows."""
+        if self._last is None:
+            return []
+        return [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(g))
+                for b, it, r, e, g in zip(*self._last)]
+
     def row(self, batch: Optional[int] = None) -> Optional[_noise.GoodputRow]:
+        """The last plan's row of ``batch`` (default: the current B), if it scored it."""
         batch = self.current if batch is None else batch
-        return next((r for r in self.last_rows if r.batch == batch), None)
+        if self._last is None:
+            return None
+        at = np.flatnonzero(self._last[0] == batch)
+        if not len(at):
+            return None
+        b, it, r, e, g = (x[at[0]] for x in self._last)
+        return _noise.GoodputRow(int(b), float(it), float(r), float(e), float(g))
 
 
 class GoodputPolicy(BatchChoosingPolicy):
@@ -268,6 +290,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW, every=FIT_EVERY)
         #: (iteration, time models, split sent) for after_split
         self._to_plan: Optional[tuple] = None
+        #: the iteration the planner chose for last (it plans every PLAN_EVERY iterations)
+        self._planned: Optional[int] = None
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -348,17 +372,21 @@ class GoodputPolicy(BatchChoosingPolicy):
         self._to_plan = None
         # the split goes by the split's model; the throughput, with the fixed costs
         batches = self._observe_times()
+        note = self.noted.setdefault(t + 1, {})
+        for old in [k for k in self.noted if k < t - 64]:
+            del self.noted[old]
+        phi = self.phi
+        if self._planned is not None and t + 1 - self._planned < PLAN_EVERY:
+            return
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
-        phi = self.phi
+            note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch, self.least)
             self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=t + 1)
+            self._planned = t + 1
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
-        note = self.noted.setdefault(t + 1, {})
-        if batches is not None:
-            note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
         if self.noise is not None and self.noise.known:
             point = self.noise.noise_scale
             note["noise_scale_point"] = point if math.isfinite(point) else None
@@ -368,8 +396,6 @@ class GoodputPolicy(BatchChoosingPolicy):
         if row is not None:
             note["goodput"] = row.goodput
             note["efficiency"] = row.efficiency
-        for old in [k for k in self.noted if k < t - 64]:
-            del self.noted[old]
 
     @property
     def phi(self) -> float:
