@@ -121,7 +121,7 @@ def main():
     args.clusters = args.clusters or work["clusters"]
     if C.smoke(args):
         work.update(SMOKE[args.workload], fixed="64")
-        args.seeds, args.clusters = 1, "1,3"
+        args.seeds, args.clusters, args.arms = 1, "1,3", "core"
     for key in ("fixed", "batch_range", "target", "iterations", "eval_interval"):
         if getattr(args, key) is not None:
             work[key] = getattr(args, key)
