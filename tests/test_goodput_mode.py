@@ -242,3 +242,21 @@ def test_report_plots_the_noise_scale_of_a_goodput_run(tmp_path):
     html = open(index).read()
     assert "run-goodput.png" in html and "noise scale" in html
     assert "run-plan.png" not in html              # not a courier run
+
+
+def test_vectorised_iteration_times_keep_the_per_worker_caps():
+    """--max-batch-size: a batch the caps cannot hold takes forever; below that, the
+    makespan of the capped integer split within one sample per worker."""
+    from mxlbbsp.core import planner
+    m = _bal.TimeModel(np.array([3000.0, 1000.0, 500.0]), np.array([0.002, 0.004, 0.0]))
+    caps = np.array([40, 100, 100])
+    batches = np.arange(3, 260)
+    fast = planner.iteration_times(m, 0.0, batches, caps, least=3)
+    for B, got in zip(batches, fast):
+        if B > caps.sum():
+            assert math.isinf(got)
+            continue
+        split = _split.allocate(m, int(B), 1, caps)
+        exact = float(np.max(m.time(split)))
+        assert exact - float(np.max(1 / m.speed)) - 1e-9 <= got <= exact + 1e-12, B
+
