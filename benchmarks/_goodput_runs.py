@@ -74,11 +74,14 @@ def _run_once(workers, train, base: Path, sync, launch, target, timeout, script)
         raise _StartFailed(text, next((x.strip() for x in reversed(lines)
                                        if "error" in x.lower()), f"exit {rc}"))
     recs = _records(metrics)
-    totals, rank0 = {}, []
+    totals, seen, rank0 = {}, {}, []
     for r in recs:
         totals[r["iteration"]] = totals.get(r["iteration"], 0) + int(r["batch_size"])
+        seen[r["iteration"]] = seen.get(r["iteration"], 0) + 1
         if r.get("rank") == 0:
             rank0.append(r)
+    # the interruption may cut the last iteration's records: its B is not known
+    totals = {t: b for t, b in totals.items() if seen[t] == workers}
     try:
         samples_per_s = _metrics.summarize(recs, skip=5)["samples_per_s"]
     except (ValueError, KeyError, ZeroDivisionError):
