@@ -174,7 +174,8 @@ def tables(work, args, B0, load_at_start, results, cost) -> str:
     arm and seed, the workers' allocation wait, the ratios per seed, and the goodput runs'
     noise scale and B(t)."""
     lines = [f"{work['label']}, target test accuracy {work['target']}, {args.seeds} seed(s), "
-             f"emulated compute {work['compute']} ms/sample, B0 = {B0}, goodput in "
+             f"emulated compute {work['compute']} ms/sample, B0 = {B0}, lr "
+             f"{work.get('lr', 0.05):g} at B0 (sqrt(B/B0) for the fixed B's), goodput in "
              f"{work['batch_range']}, at most {work['iterations']} iterations, evaluation "
              f"every {work['eval_interval']}; load average {load_at_start:.1f} at the start"]
     for cluster, res in results.items():

@@ -64,11 +64,13 @@ WORKLOADS = {
                    "compute": 0.1, "target": 0.78, "batch_range": "16:512",
                    "fixed": "32,64,128,256", "eval_interval": 5, "iterations": 600,
                    "clusters": "1,3"},
-    # they save few: clean labels, well separated classes (a low noise scale)
+    # they save few: clean labels, well separated classes (a low noise scale), a small
+    # learning rate (the progress per iteration is the rate's, which a larger B raises only
+    # by sqrt(B/B0) or its gain) and a larger cost per sample
     "lownoise": {"label": "4-class MLP on 16 000 Gaussian samples, clean labels",
                  "script": BLOBS, "train": ["--separation", "4", "--label-noise", "0"],
-                 "compute": 0.5, "target": 0.87, "batch_range": "16:512",
-                 "fixed": "32,64,128", "eval_interval": 2, "iterations": 300,
+                 "compute": 1.0, "target": 0.87, "batch_range": "16:512", "lr": 0.01,
+                 "fixed": "32,64,128", "eval_interval": 5, "iterations": 400,
                  "clusters": "1,3"},
 }
 SMOKE = {"mlp": {"iterations": 12}, "resnet20": {
@@ -104,7 +106,8 @@ def main():
     p.add_argument("--fixed", help="LB-BSP arms' global batches (default: the workload's)")
     p.add_argument("--batch-size", type=int, default=64, help="B0 (BSP's, goodput's start)")
     p.add_argument("--batch-range", help="goodput's (default: the workload's)")
-    p.add_argument("--lr", type=float, default=0.05, help="learning rate at B0")
+    p.add_argument("--lr", type=float,
+                   help="learning rate at B0 (default: the workload's; 0.05 but lownoise's)")
     p.add_argument("--target", type=float, help="test accuracy (default: the workload's)")
     p.add_argument("--iterations", type=int, help="most iterations per run")
     p.add_argument("--emulate-compute", type=float, metavar="MS")
@@ -128,6 +131,8 @@ def main():
     if args.emulate_compute is not None:
         work["compute"] = args.emulate_compute
     B0 = args.batch_size
+    args.lr = args.lr if args.lr is not None else work.get("lr", 0.05)
+    work["lr"] = args.lr
     fixed = [int(x) for x in str(work["fixed"]).split(",")]
     table = arms(fixed, B0, variants=args.arms == "all")
     name = f"goodput_{args.workload}_" + args.clusters.replace(",", "").replace(";", "_")
