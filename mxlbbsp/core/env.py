@@ -53,6 +53,9 @@ MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (co
 MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes (and recorded learning-rate
                        factors) a single process replays (mxlbbsp.DataLoader's
                        batch_schedule); absent: none
+MXLBBSP_TIMELINE       set by the user (``--env``; benchmarks/overhead.py): a folder where each
+                       worker writes the clock readings of its iterations' phases at its end
+                       (``timeline-RANK.json``, mxlbbsp.worker.timeline); absent: none taken
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -112,6 +115,7 @@ RESUME = "MXLBBSP_RESUME"
 
 LR_SCALING = "MXLBBSP_LR_SCALING"
 BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
+TIMELINE = "MXLBBSP_TIMELINE"
 
 #: every variable the launcher writes for the job itself (ps_env, worker_env): `--env` may
 #: not override them. Each maps to the launcher option that sets it (None: none, it is the
@@ -264,6 +268,12 @@ def lr_scaling(env: Optional[Mapping[str, str]] = None) -> str:
 def batch_schedule(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_BATCH_SCHEDULE: a metrics file to replay the global batches of, or None."""
     return get(env, BATCH_SCHEDULE)
+
+
+def timeline(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MXLBBSP_TIMELINE: the folder for the workers' per-iteration clock readings, or None
+    (none are taken)."""
+    return get(env, TIMELINE)
 
 
 def checkpoint_dir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:

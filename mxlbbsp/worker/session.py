@@ -43,6 +43,7 @@ from mxlbbsp.core import protocol as P
 from mxlbbsp.core import signals as _signals
 from mxlbbsp.core import split as _split
 from mxlbbsp.core.slowdown import Schedule
+from mxlbbsp.worker import timeline as _timeline
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,8 @@ class Session:
         self.global_grad_sqr: Optional[float] = None
         self._info_sent = False
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
+        #: the phases' clock readings (MXLBBSP_TIMELINE), or None: off
+        self.clock: Optional[_timeline.Timeline] = _timeline.from_env(self.rank, env)
         addr = _env.coordinator(env)
         if addr is None:
             self.num_workers = 1
@@ -372,12 +375,16 @@ class Session:
                 "mxlbbsp.Trainer.step(), so the coordinator never heard of it; use "
                 "mxlbbsp.Trainer with mxlbbsp.DataLoader (a plain gluon.Trainer does not "
                 "report), and call step() once per batch")
+        if self.clock is not None:
+            self.clock.begin(t)
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
         piece = self.slice(t, global_batch)
         global_batch = piece.total
         self._alloc_wait = time.perf_counter() - start
+        if self.clock is not None:
+            self.clock.mark("alloc")
         self.iteration = t
         self.batch_global = int(global_batch)
         self.batch_local = piece.size
@@ -471,6 +478,9 @@ class Session:
         self._push_wait = 0.0
 
     def close(self) -> None:
+        if self.clock is not None:
+            self.clock.write()
+            self.clock = None
         if self._sock is None:
             return
         try:

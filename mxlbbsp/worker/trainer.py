@@ -295,6 +295,9 @@ class Trainer(gluon.Trainer):
         """Gradients ready (timed, reported), the mode's wait, the first step's set-up, then
         the push/pull."""
         sess = _session.current()
+        clock = sess.clock if sess is not None else None
+        if clock is not None:
+            clock.mark("compute")
         if sess is not None:
             if self._mean_loss and sess.batch_local > 1:
                 for param in self._params:     # back to the per-sample sum: .loss_head
@@ -302,6 +305,8 @@ class Trainer(gluon.Trainer):
                         for grad in param.list_grad():
                             grad *= sess.batch_local
             nd.waitall()
+            if clock is not None:
+                clock.mark("engine")
             if not sess.model_info:
                 sess.model_info = {"batchnorm": bool(self._stats.params)}
                 if self._momentum() is not None:
@@ -309,7 +314,11 @@ class Trainer(gluon.Trainer):
             if sess.coordinated and sess.mode.grad_norms:
                 sess.grad_sqr = self.grad_sqr()
             sess.gradients_ready()
+            if clock is not None:
+                clock.mark("report")
             sess.before_push()
+            if clock is not None:
+                clock.mark("slot")
         if not self._kv_initialized:
             self._optimizer.rescale_grad = self._scale / nominal
             self._init_kvstore()
@@ -335,6 +344,8 @@ class Trainer(gluon.Trainer):
                 # complete a round first, and the pull returns a gradient sum instead.
                 nd.waitall()
         self._allreduce_grads()
+        if clock is not None:
+            clock.mark("push")
 
     def _apply(self, norm, ignore_stale_grad):
         """The optimizer's update, the running statistics combined, the step's end."""
@@ -346,12 +357,21 @@ class Trainer(gluon.Trainer):
                 and not self._update_on_kvstore and sess.mode.grad_norms:
             sess.global_grad_sqr = self.grad_sqr()     # the pulled sum of every worker's
         self._update(ignore_stale_grad)
+        clock = sess.clock if sess is not None else None
+        if clock is not None:
+            clock.mark("update")
         if sess is not None and self._distributed and not self._update_on_kvstore \
                 and self.sync_aux:
             self._stats.combine(self._kvstore, sess.batch_local, sess.batch_global)
+            if clock is not None:
+                clock.mark("bn")
         if sess is not None:
             nd.waitall()
+            if clock is not None:
+                clock.mark("pull")
             sess.step_done()
+            if clock is not None:
+                clock.mark("done")
             if self._ckpt_dir and not self._final_hook and sess.rank == 0:
                 # after the session's own atexit (registered at its opening), so it runs first
                 atexit.register(self._final_checkpoint)

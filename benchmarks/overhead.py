@@ -1,0 +1,409 @@
+"""mxlbbsp against the plain MXNet script it replaces, on equal workers: what it costs.
+
+The same training loop (benchmarks/_overhead_train.py) written twice: as a plain MXNet
+dist_sync script (``gluon.Trainer(kvstore="dist_sync")``, a fixed per-worker batch B/n)
+started by a plain DMLC launcher (the few lines of :func:`plain_job`: the ``DMLC_*``
+variables set by hand for a scheduler, a server and the workers, each a process of its own;
+MXNet's dmlc_tracker crashes on Python 3.9+), and with mxlbbsp (``mxlbbsp.DataLoader``,
+``mxlbbsp.Trainer``) under ``mxlbbsp launch`` in each sync mode. 2 equal workers, 1 server,
+global batch 64, on this machine; the arms of a model interleaved round by round (ABBA), the
+ratio to plain taken per round, its median reported.
+
+Models from about 1 ms to about 200 ms per iteration: three-layer MLPs of width 64 (8x8
+inputs), 256 (3x16x16) and 1024 (3x32x32), a small CNN (two 3x3 conv blocks, 16 and 32
+channels, 3x32x32) and gluoncv's cifar_resnet20_v1 (BatchNorm: its running statistics are
+combined every step).
+
+For each mxlbbsp run it also records where a worker's time goes: each worker writes the
+phases of its iterations (``MXLBBSP_TIMELINE``, mxlbbsp/worker/timeline.py: the script's own
+loop, waiting for the allocation, compute as issued, waiting for the engine, the report, the
+push, the update, the BatchNorm combine, waiting for the pulled sums, the done), and the mean
+of each phase over the timed iterations of both workers is printed (the means add up to the
+iteration). And the CPU time each role of the job used over the timed iterations (workers,
+server, scheduler, and the launcher's process: the coordinator and the supervision), per
+iteration: on 2 cores every millisecond of it is taken from someone.
+
+Then a job's fixed cost, start to exit, plain launcher against ``mxlbbsp launch -n 2``: a
+script that only creates the dist_sync kvstore, and one that never does (``print('hi')``).
+
+    python benchmarks/overhead.py                          # everything (~25 min)
+    python benchmarks/overhead.py --models mlp256,resnet20 --rounds 3
+    python benchmarks/overhead.py --arm "lbbsp-nosignals=--sync lbbsp --signals none"
+    python benchmarks/overhead.py --tag before             # results/overhead_before.*
+
+Writes benchmarks/results/overhead[_TAG].json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+import _common as C
+import _suite
+
+TRAIN = C.ROOT / "benchmarks" / "_overhead_train.py"
+MODELS = ["mlp64", "mlp256", "mlp1024", "cnn", "resnet20"]
+#: timed iterations per model (after 10 of warm-up): each run takes a few seconds
+ITERATIONS = {"mlp64": 400, "mlp256": 300, "mlp1024": 150, "cnn": 120, "resnet20": 40}
+#: the arms: name -> `mxlbbsp launch` options (None: the plain script and launcher)
+ARMS = {"plain": None, "lbbsp": ["--sync", "lbbsp"], "bsp": ["--sync", "bsp"]}
+PHASES = ("loop", "alloc", "compute", "engine", "report", "slot", "push", "update", "bn",
+          "pull", "done")
+WORKERS = 2
+BATCH = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """One job's processes, its output read line by line, and the CPU time of its processes
+    between two lines of rank 0 (``overhead-start`` and ``overhead-result``)."""
+
+    def __init__(self, procs: List[subprocess.Popen], workers: List[subprocess.Popen]):
+        self.procs, self.workers = procs, workers
+        self.lines: List[str] = []
+        self.cpu: Dict[str, List[Dict[str, float]]] = {"start": [], "end": []}
+        self._threads = [threading.Thread(target=self._read, args=(p,), daemon=True)
+                         for p in procs if p.stdout is not None]
+        for t in self._threads:
+            t.start()
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            self.lines.append(line)
+            if "overhead-start" in line and not self.cpu["start"]:
+                self.cpu["start"].append(cpu_by_role(self.procs))
+            elif "overhead-result" in line and not self.cpu["end"]:
+                self.cpu["end"].append(cpu_by_role(self.procs))
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.workers:
+            p.wait(max(deadline - time.monotonic(), 1))
+        for t in self._threads:
+            t.join(5)
+
+    def results(self) -> List[dict]:
+        return [json.loads(line.split("overhead-result ", 1)[1]) for line in self.lines
+                if "overhead-result " in line]
+
+    def cpu_per_role(self) -> Dict[str, float]:
+        """CPU seconds per role between rank 0's start and result lines."""
+        if not (self.cpu["start"] and self.cpu["end"]):
+            return {}
+        a, b = self.cpu["start"][0], self.cpu["end"][0]
+        return {role: b.get(role, 0.0) - a.get(role, 0.0) for role in b}
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def _role(proc) -> str:
+    """What a process of a job is, from its command line and environment."""
+    try:
+        cmd = " ".join(proc.cmdline())
+        if "mxlbbsp.launcher.guard" in cmd:
+            return "guards"
+        if "mxlbbsp.launcher launch" in cmd:
+            return "launcher"
+        if "_overhead_train.py" in cmd or "print(" in cmd:
+            return "workers"
+        role = proc.environ().get("DMLC_ROLE", "")
+        return {"server": "server", "scheduler": "scheduler"}.get(role, "other")
+    except Exception:  # noqa: BLE001 - the process may be gone
+        return "other"
+
+
+def cpu_by_role(procs) -> Dict[str, float]:
+    """CPU seconds (user + system, all threads) used so far by every process of the job."""
+    import psutil
+    out: Dict[str, float] = {}
+    seen = set()
+    for p in procs:
+        try:
+            root = psutil.Process(p.pid)
+            tree = [root] + root.children(recursive=True)
+        except psutil.Error:
+            continue
+        for q in tree:
+            if q.pid in seen:
+                continue
+            seen.add(q.pid)
+            try:
+                t = q.cpu_times()
+            except psutil.Error:
+                continue
+            role = _role(q)
+            out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def plain_job(argv: List[str], env: Dict[str, str], workers: int = WORKERS,
+              capture: bool = True) -> Job:
+    """The plain DMLC launcher: a scheduler, a server and the workers, the ``DMLC_*``
+    variables set by hand, all started at once (ps-lite's nodes wait for the scheduler)."""
+    base = dict(env, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(_free_port()),
+                DMLC_NUM_SERVER="1", DMLC_NUM_WORKER=str(workers),
+                DMLC_NODE_HOST="127.0.0.1", PYTHONUNBUFFERED="1")
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    kw = dict(cwd=C.ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    ps = [subprocess.Popen([C.PY, "-c", "import mxnet"], env=dict(base, DMLC_ROLE=role), **kw)
+          for role in ("scheduler", "server")]
+    ws = [subprocess.Popen(argv, env=dict(base, DMLC_ROLE="worker"), **kw)
+          for _ in range(workers)]
+    return Job(ps + ws, ws)
+
+
+def end_plain(job: Job) -> None:
+    """Once the workers have ended: the scheduler and the server end with them when the
+    workers used the kvstore; else nobody will ever talk to them, so stop them."""
+    for p in job.procs:
+        if p not in job.workers and p.poll() is None:
+            p.terminate()
+    for p in job.procs:
+        p.wait(10)
+
+
+def mxlbbsp_job(argv: List[str], env: Dict[str, str], options: List[str],
+                workers: int = WORKERS, capture: bool = True) -> Job:
+    launch = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-n", str(workers), "--progress", "0",
+              *options, "--", *argv]
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    proc = subprocess.Popen(launch, cwd=C.ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            text=True)
+    return Job([proc], [proc])
+
+
+def run(arm: str, options: Optional[List[str]], model: str, iterations: int) -> dict:
+    """One job of ``model`` in ``arm``: samples/s (the mean of the workers' own figures),
+    CPU per role and iteration, and (mxlbbsp) the timeline's phases."""
+    env = C.env()
+    argv = [C.PY, str(TRAIN), "--impl", "plain" if options is None else "mxlbbsp",
+            "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
+    with tempfile.TemporaryDirectory() as tmp:
+        if options is None:
+            job = plain_job(argv, env)
+        else:
+            env["MXLBBSP_TIMELINE"] = tmp
+            job = mxlbbsp_job(argv, env, options)
+        try:
+            job.wait(1800)
+        finally:
+            job.kill()
+        results = job.results()
+        if options is None:
+            end_plain(job)
+        if len(results) != WORKERS or any(p.returncode not in (0, None) for p in job.workers):
+            sys.stderr.write("".join(job.lines[-40:]))
+            raise SystemExit(f"benchmark job failed: {arm} {model}")
+        out = {"samples_per_s": float(np.mean([r["samples_per_s"] for r in results])),
+               "cpu_ms_per_iteration": {k: 1000 * v / iterations
+                                        for k, v in job.cpu_per_role().items()}}
+        if options is not None:
+            out["timeline"] = timeline(Path(tmp), skip=10)
+    return out
+
+
+def timeline(folder: Path, skip: int) -> dict:
+    """The mean and median of each phase (ms) over the timed iterations of every worker."""
+    rows = []
+    for path in sorted(folder.glob("timeline-*.json")):
+        data = json.loads(path.read_text())
+        rows += [r for r in data["iterations"] if r["iteration"] >= skip]
+    if not rows:
+        return {}
+    mean = {p: 1000 * float(np.mean([r.get(p, 0.0) for r in rows])) for p in PHASES}
+    median = {p: 1000 * float(np.median([r.get(p, 0.0) for r in rows])) for p in PHASES}
+    total = [1000 * sum(r.get(p, 0.0) for p in PHASES) for r in rows]
+    return {"mean_ms": mean, "median_ms": median, "iteration_ms_mean": float(np.mean(total)),
+            "iteration_ms_median": float(np.median(total)), "iterations": len(rows)}
+
+
+def fixed_cost(rounds: int) -> dict:
+    """Start-to-exit seconds of a kvstore-only script and of print('hi'), 2 workers, plain
+    launcher against ``mxlbbsp launch``, interleaved."""
+    env = C.env()
+    scripts = {"kvstore only": [C.PY, str(TRAIN), "--impl", "plain", "--kvstore-only"],
+               "no kvstore": [C.PY, "-c", "print('hi')"]}
+    out = {s: {"plain": [], "mxlbbsp": []} for s in scripts}
+    for r in range(rounds):
+        for script, argv in scripts.items():
+            for arm in _suite.order(["plain", "mxlbbsp"], r):
+                C.progress(f"fixed cost round {r + 1}/{rounds}: {script}, {arm}")
+                started = time.monotonic()
+                if arm == "plain":
+                    job = plain_job(argv, env, capture=False)
+                    job.wait(300)
+                    end_plain(job)
+                    ok = all(p.returncode == 0 for p in job.workers)
+                else:
+                    job = mxlbbsp_job(argv, env, [], capture=False)
+                    job.wait(300)
+                    ok = job.procs[0].returncode == 0
+                took = time.monotonic() - started
+                if not ok:
+                    raise SystemExit(f"fixed cost: {script} under {arm} failed")
+                out[script][arm].append(took)
+    return out
+
+
+def parse_arms(extra: List[str], names: Optional[str]) -> Dict[str, Optional[List[str]]]:
+    arms = dict(ARMS)
+    if names:
+        arms = {"plain": None, **{n: ["--sync", n] for n in names.split(",") if n != "plain"}}
+    for spec in extra:
+        name, _, opts = spec.partition("=")
+        if not name or not opts:
+            raise SystemExit(f"--arm {spec!r}: expected NAME=LAUNCH OPTIONS")
+        arms[name] = shlex.split(opts)
+    return arms
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--arms", help="sync modes to run besides plain (default lbbsp,bsp)")
+    p.add_argument("--arm", action="append", default=[],
+                   help="one more arm, NAME=`mxlbbsp launch` options (repeatable)")
+    p.add_argument("--iterations", type=float, default=1.0,
+                   help="scale the timed iterations of every model")
+    p.add_argument("--fixed-cost-rounds", type=int, default=5)
+    p.add_argument("--no-fixed-cost", action="store_true")
+    p.add_argument("--fixed-cost-only", action="store_true")
+    p.add_argument("--tag", help="results/overhead_TAG.json and .md")
+    C.add_smoke(p)
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
+    arms = parse_arms(args.arm, args.arms)
+    rounds, fc_rounds = args.rounds, args.fixed_cost_rounds
+    iterations = {m: max(int(ITERATIONS[m] * args.iterations), 5) for m in models}
+    if C.smoke(args):        # one round of the smallest model, 20 iterations; one fixed cost
+        models, rounds, fc_rounds = ["mlp64"], 1, 1
+        iterations = {"mlp64": 20}
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    results: Dict[str, dict] = {}
+    if not args.fixed_cost_only:
+        for model in models:
+            runs = {a: [] for a in arms}
+            for r in range(rounds):
+                for arm in _suite.order(list(arms), r):
+                    C.progress(f"{model} round {r + 1}/{rounds}: {arm} (load "
+                               f"{os.getloadavg()[0]:.1f})")
+                    runs[arm].append(run(arm, arms[arm], model, iterations[model]))
+                    C.progress(f"  {runs[arm][-1]['samples_per_s']:.0f} samples/s")
+            results[model] = summarise(runs, iterations[model])
+    fixed = None
+    if not args.no_fixed_cost:
+        fixed = fixed_cost(fc_rounds)
+    doc = {"workers": WORKERS, "global_batch": BATCH, "rounds": rounds, "arms": arms,
+           "iterations": iterations, "results": results, "fixed_cost_s": fixed,
+           "load_before": load_before,
+           "load_after": [round(x, 2) for x in os.getloadavg()]}
+    name = "overhead" + (f"_{args.tag}" if args.tag else "")
+    C.write(name, doc, table(doc))
+    return 0
+
+
+def summarise(runs: Dict[str, List[dict]], iterations: int) -> dict:
+    plain = [r["samples_per_s"] for r in runs["plain"]]
+    out = {}
+    for arm, rs in runs.items():
+        speeds = [r["samples_per_s"] for r in rs]
+        ratios = [s / b for s, b in zip(speeds, plain)]
+        cpu: Dict[str, List[float]] = {}
+        for r in rs:
+            for role, ms in r["cpu_ms_per_iteration"].items():
+                cpu.setdefault(role, []).append(ms)
+        entry = {"samples_per_s": speeds, "ratio": ratios,
+                 "ratio_median": float(np.median(ratios)),
+                 "iteration_ms": float(np.median([1000 * BATCH / s for s in speeds])),
+                 "cpu_ms_per_iteration": {k: float(np.median(v)) for k, v in cpu.items()}}
+        tls = [r["timeline"] for r in rs if r.get("timeline")]
+        if tls:
+            entry["timeline_mean_ms"] = {p: float(np.median([t["mean_ms"][p] for t in tls]))
+                                         for p in PHASES}
+            entry["timeline_median_ms"] = {p: float(np.median([t["median_ms"][p]
+                                                               for t in tls]))
+                                           for p in PHASES}
+        out[arm] = entry
+    return out
+
+
+def table(doc: dict) -> str:
+    arms = list(doc["arms"])
+    lines = [f"{doc['workers']} equal workers, 1 server, global batch {doc['global_batch']}, "
+             f"{doc['rounds']} round(s), arms interleaved (ABBA); load average "
+             f"{doc['load_before']} before, {doc['load_after']} after, on {os.cpu_count()} "
+             "cores.", ""]
+    if doc["results"]:
+        lines += ["## Throughput against the plain MXNet script", "",
+                  "| model | plain: ms per iteration | " +
+                  " | ".join(f"{a} / plain (per round)" for a in arms if a != "plain") + " |",
+                  "|---|---|" + "---|" * (len(arms) - 1)]
+        for model, res in doc["results"].items():
+            cells = []
+            for a in arms:
+                if a == "plain":
+                    continue
+                r = res[a]
+                cells.append(f"**{r['ratio_median']:.3f}x** "
+                             f"({_suite.rounds_text(r['ratio'], '.2f')})")
+            lines.append(f"| {model} | {res['plain']['iteration_ms']:.2f} | "
+                         + " | ".join(cells) + " |")
+        lines += ["", "## Where a worker's iteration goes (mean ms per phase, both workers; "
+                      "median over rounds)", "",
+                  "| model | arm | iteration | " + " | ".join(PHASES) + " |",
+                  "|---|---|---|" + "---|" * len(PHASES)]
+        for model, res in doc["results"].items():
+            for a in arms:
+                tl = res[a].get("timeline_mean_ms")
+                if not tl:
+                    continue
+                lines.append(f"| {model} | {a} | {res[a]['iteration_ms']:.2f} | "
+                             + " | ".join(f"{tl[p]:.3f}" for p in PHASES) + " |")
+        roles = sorted({k for res in doc["results"].values() for r in res.values()
+                        for k in r["cpu_ms_per_iteration"]})
+        lines += ["", "## CPU per iteration by role (ms; median over rounds)", "",
+                  "| model | arm | " + " | ".join(roles) + " |",
+                  "|---|---|" + "---|" * len(roles)]
+        for model, res in doc["results"].items():
+            for a in arms:
+                cpu = res[a]["cpu_ms_per_iteration"]
+                lines.append(f"| {model} | {a} | "
+                             + " | ".join(f"{cpu.get(k, 0.0):.2f}" for k in roles) + " |")
+    if doc["fixed_cost_s"]:
+        lines += ["", "## A job's fixed cost: start to exit, 2 workers (s; median, rounds)", "",
+                  "| script | plain launcher | mxlbbsp launch | difference |", "|---|---|---|---|"]
+        for script, arms_ in doc["fixed_cost_s"].items():
+            a, b = np.median(arms_["plain"]), np.median(arms_["mxlbbsp"])
+            lines.append(f"| {script} | {a:.2f} ({_suite.rounds_text(arms_['plain'])}) | "
+                         f"{b:.2f} ({_suite.rounds_text(arms_['mxlbbsp'])}) | "
+                         f"{b - a:+.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
