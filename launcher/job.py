@@ -1,7 +1,8 @@
 """Run one job: place the roles, start them, supervise them, tear everything down.
 
-Order of start: coordinator (a thread of this process), the ps-lite scheduler (on a free
-port, restarted on another if the port was taken meanwhile), the servers, the workers. Then
+Order of start: coordinator (a thread of this process), then the ps-lite scheduler (on a
+free port), the servers, the relays and the workers at once (all again on another port if
+the scheduler's was taken meanwhile: it ends before it listens). Then
 the supervision (:mod:`.supervise`) watches them until the job ends; whatever ended it,
 every process of it on every host is stopped before :meth:`Job.run` returns.
 
@@ -194,11 +195,9 @@ class Job:
             coord_addr = self.coordinator.start()
         except OSError as exc:
             raise ConfigError(f"--bind {self.bind}: cannot listen there ({exc.strerror})") from None
-        port = self._start_scheduler(coord_addr)
+        port = self._start_roles(coord_addr)
         if port is None:
             return self.interrupted() if self.signal else 1
-        for p in self.roles.servers + self.roles.relays + self.roles.workers:
-            p.start()
         if self._keepalive:
             threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
                              name="heartbeat", daemon=True).start()
@@ -212,25 +211,30 @@ class Job:
                         f"coordinator {coord_addr[0]}:{coord_addr[1]}")
         return Supervisor(self).run()
 
-    def _start_scheduler(self, coord_addr) -> Optional[int]:
-        """Start the scheduler on a free port; a port taken meanwhile means another try."""
+    def _start_roles(self, coord_addr) -> Optional[int]:
+        """Start the scheduler on a free port and every other role at once (ps-lite's nodes
+        wait for the scheduler by themselves, so nobody waits for its import of MXNet before
+        starting theirs); then wait until it listens. A scheduler that ended before it
+        listened (its port taken meanwhile) means another try on another port."""
         for _ in range(5):
             port = free_port(self.bind)
             self.roles = self.builder.build(self.bind, port, coord_addr)
             scheduler = self.roles.scheduler
             scheduler.start()
+            others = self.roles.servers + self.roles.relays + self.roles.workers
+            for p in others:
+                p.start()
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and self.signal is None:
                 if scheduler.poll() is not None:
                     break
-                if _listening(self.bind, port):
-                    return port
+                if _listening(self.bind, port) or all(w.poll() is not None
+                                                      for w in self.roles.workers):
+                    return port      # (workers that ended: the supervision says how)
                 time.sleep(0.05)
             if self.signal is not None:
                 return None
-            scheduler.stop()
-            scheduler.wait(5)
-            scheduler.finish_output()
+            stop_all(self.roles.all, grace=1.0)
         self.output.say("error: the ps-lite scheduler did not start (see its output above)")
         return None
 

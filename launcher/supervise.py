@@ -9,7 +9,7 @@
 * a script without mxlbbsp.DataLoader whose workers run different numbers of iterations:
   one ended normally, the others sit idle for a while after it (:mod:`.watch`): 1;
 * no progress for the stall limit (:mod:`.watch`): 124;
-* every worker exiting 0: the servers and the scheduler get a few seconds to finish, and 0.
+* every worker exiting 0: the servers and the scheduler get FINISH_GRACE to finish, and 0.
 
 Progress lines every ``--progress`` s (:mod:`.progress`). The job (:class:`~.job.Job`) tears
 everything down once :func:`Supervisor.run` returns.
@@ -25,6 +25,10 @@ from .progress import progress_line, summary_lines
 from .watch import EXIT_STALL, Watch
 
 EXIT_CONFIG = 2
+#: once every worker exited 0, how long the servers and the scheduler may take to end by
+#: themselves before the teardown stops them: they end with the workers' finalisation when
+#: the workers used the kvstore, and never when they did not (nobody will talk to them)
+FINISH_GRACE = 0.5
 
 
 class Supervisor:
@@ -122,9 +126,11 @@ class Supervisor:
         return None
 
     def finish(self) -> int:
-        """Every worker exited 0: the servers and the scheduler end once the workers have
-        finalised (10 s in all); the summary; 0."""
-        deadline = time.monotonic() + 10.0
+        """Every worker exited 0: the servers and the scheduler end as soon as the workers
+        have finalised (within milliseconds), or never, when no worker used the kvstore
+        (e.g. ``python -c "print('hi')"``): after FINISH_GRACE the teardown stops them; the
+        summary; 0."""
+        deadline = time.monotonic() + FINISH_GRACE
         # (a relay ends by itself once its workers have, or is stopped with the job: a
         # script without mxlbbsp's loader never connects to it)
         for p in self.roles.servers + [self.roles.scheduler]:

@@ -26,6 +26,7 @@ class RunningStats:
         self._keys = set()                    # kvstore keys of the statistics, once initialised
         self._ref = None                      # the statistics set last (float64)
         self._layout = None                   # how the statistics combine (_pairs)
+        self._pending = None                  # a start() waiting for its finish()
 
     def combine(self, kvstore, local: int, total: int) -> None:
         """Running statistics := those of one process on the whole global batch.
@@ -45,23 +46,42 @@ class RunningStats:
         local means. Centred on r the pushed values are small, so float32 (the servers sum
         in float32 whatever the dtype) loses nothing that matters. Statistics of a layer
         whose momentum is unknown (not a Gluon BatchNorm) get the linear rule alone.
+
+        :meth:`start` and :meth:`finish` are its two halves: the push (once this worker's
+        forward pass is done) and the combined statistics set (once the sums are pulled),
+        so that the round trip can overlap the gradients' push/pull and the update.
         """
+        if self.start(kvstore, local, total):
+            self.finish()
+
+    def start(self, kvstore, local: int, total: int) -> bool:
+        """Push this worker's part of :meth:`combine` and pull the sums, asynchronously;
+        False when there is nothing to combine (no statistics, or not initialised yet)."""
         if not self.params or self.params[0]._data is None:
-            return
+            return False
         layout = self._pairs()
         values = [p.data().asnumpy().astype(np.float64).ravel() for p in self.params]
         if self._ref is None:
             # the first step of this process: a reference the workers share, by one more
             # round trip (any common value is exact; a close one keeps the precision)
-            firsts = self._allreduce(kvstore, [v * local for v in values], key_offset=1)
+            firsts = self._result(*self._push(kvstore, [v * local for v in values],
+                                              key_offset=1))
             self._ref = [v / total for v in firsts]
         ref = self._ref
         centred = [v - r for v, r in zip(values, ref)]
         squares = [centred[pair.mean] ** 2 for pair in layout]
-        pushed = [c * local for c in centred + squares]
-        sums = [s / total for s in self._allreduce(kvstore, pushed)]
-        combined = [r + s for r, s in zip(ref, sums[:len(values)])]
-        for pair, square in zip(layout, sums[len(values):]):
+        self._pending = (self._push(kvstore, [c * local for c in centred + squares]), total,
+                         len(values), layout)
+        return True
+
+    def finish(self) -> None:
+        """Set the combined statistics (after :meth:`start`; waits for the pulled sums)."""
+        pushed, total, count, layout = self._pending
+        self._pending = None
+        ref = self._ref
+        sums = [s / total for s in self._result(*pushed)]
+        combined = [r + s for r, s in zip(ref, sums[:count])]
+        for pair, square in zip(layout, sums[count:]):
             if pair.momentum < 1.0:
                 shift = sums[pair.mean]
                 spread = np.maximum(square - shift ** 2, 0.0)
@@ -72,9 +92,14 @@ class RunningStats:
             p.set_data(data)
             self._ref.append(data.asnumpy().astype(np.float64).ravel())
 
-    def _allreduce(self, kvstore, parts: List[np.ndarray],
-                   key_offset: int = 0) -> List[np.ndarray]:
-        """The sums over the workers of ``parts`` (float64 here, float32 on the wire)."""
+    @property
+    def started(self) -> bool:
+        """A :meth:`start` waits for its :meth:`finish`."""
+        return self._pending is not None
+
+    def _push(self, kvstore, parts: List[np.ndarray], key_offset: int = 0) -> tuple:
+        """Push ``parts`` (float64 here, float32 on the wire) and pull their sums over the
+        workers, asynchronously: what :meth:`_result` reads them from."""
         flat = nd.array(np.concatenate(parts), dtype="float32")
         key = self.key + key_offset
         if key not in self._keys:
@@ -82,8 +107,13 @@ class RunningStats:
             self._keys.add(key)
         kvstore.push(key, flat)
         kvstore.pull(key, out=flat)
+        return flat, [len(part) for part in parts]
+
+    @staticmethod
+    def _result(flat, lengths) -> List[np.ndarray]:
+        """The sums of a :meth:`_push`, once pulled (waits for them)."""
         sums = flat.asnumpy().astype(np.float64)
-        return np.split(sums, np.cumsum([len(part) for part in parts])[:-1])
+        return np.split(sums, np.cumsum(lengths)[:-1])
 
     def _pairs(self) -> List["_StatsPair"]:
         """The (running mean, running variance, momentum) of each BatchNorm layer of ours.

@@ -292,19 +292,50 @@ class Trainer(gluon.Trainer):
         self._apply(norm, ignore_stale_grad)
 
     def _reduce(self, norm, nominal):
-        """Gradients ready (timed, reported), the mode's wait, the first step's set-up, then
-        the push/pull."""
+        """The first step's set-up, the gradients ready (timed, reported), the mode's wait,
+        the push/pull.
+
+        Where the servers only add and every worker updates (dist_sync), the gradients are
+        pushed as soon as backward is issued, so that the engine sends each one as backward
+        produces it (as Gluon's own step does) while this thread waits for the last one to
+        time the compute phase and report; then the pulls, and BatchNorm's statistics are
+        pushed to be combined while the sums come back."""
         sess = _session.current()
         clock = sess.clock if sess is not None else None
         if clock is not None:
             clock.mark("compute")
+        if not self._kv_initialized:
+            self._optimizer.rescale_grad = self._scale / nominal
+            self._init_kvstore()
+        if self._params_to_init:
+            # Not the running statistics: Gluon would broadcast one worker's, which its first
+            # forward pass has already updated from its own batch, over everybody's. They
+            # start equal on every worker (initialiser or checkpoint) and are combined below.
+            self._params_to_init = [p for p in self._params_to_init
+                                    if p not in self._stats.members]
+            self._init_params()
+            if self._distributed and not self._update_on_kvstore:
+                # The initial pull of the parameters must be done before this worker pushes
+                # gradients to the same keys: else the others' pushes and this one can
+                # complete a round first, and the pull returns a gradient sum instead.
+                nd.waitall()
+        if sess is not None and self._mean_loss and sess.batch_local > 1:
+            for param in self._params:     # back to the per-sample sum: .loss_head
+                if param.grad_req != "null":
+                    for grad in param.list_grad():
+                        grad *= sess.batch_local
+        early = sess is not None and self._sums_on_servers() and \
+            type(sess.mode).before_push is _modes.SyncMode.before_push
+        if early:
+            self._push_grads()
+            if clock is not None:
+                clock.mark("push")
         if sess is not None:
-            if self._mean_loss and sess.batch_local > 1:
-                for param in self._params:     # back to the per-sample sum: .loss_head
-                    if param.grad_req != "null":
-                        for grad in param.list_grad():
-                            grad *= sess.batch_local
-            nd.waitall()
+            if early:
+                for grad in self._grads():      # backward done (not the pushes)
+                    grad.wait_to_read()
+            else:
+                nd.waitall()
             if clock is not None:
                 clock.mark("engine")
             if not sess.model_info:
@@ -319,9 +350,13 @@ class Trainer(gluon.Trainer):
             sess.before_push()
             if clock is not None:
                 clock.mark("slot")
-        if not self._kv_initialized:
-            self._optimizer.rescale_grad = self._scale / nominal
-            self._init_kvstore()
+        if early:
+            self._pull_grads()
+            if self.sync_aux:
+                self._stats.start(self._kvstore, sess.batch_local, sess.batch_global)
+            if clock is not None:
+                clock.mark("push")
+            return
         if self._distributed and self._update_on_kvstore:
             if self._baked is None:
                 self._baked = nominal
@@ -331,21 +366,29 @@ class Trainer(gluon.Trainer):
                     if param.grad_req != "null":
                         for grad in param.list_grad():
                             grad *= factor
-        if self._params_to_init:
-            # Not the running statistics: Gluon would broadcast one worker's, which its first
-            # forward pass has already updated from its own batch, over everybody's. They
-            # start equal on every worker (initialiser or checkpoint) and are combined below.
-            self._params_to_init = [p for p in self._params_to_init
-                                    if p not in self._stats.members]
-            self._init_params()
-            if self._distributed and not self._update_on_kvstore:
-                # The initial pull of the parameters must be done before this worker pushes
-                # gradients to the same keys: else the others' pushes and this one can
-                # complete a round first, and the pull returns a gradient sum instead.
-                nd.waitall()
         self._allreduce_grads()
         if clock is not None:
             clock.mark("push")
+
+    def _sums_on_servers(self) -> bool:
+        """The servers only add dense gradients, and every worker updates (dist_sync)."""
+        return bool(self._kvstore) and self._distributed and not self._update_on_kvstore \
+            and not any(p.grad_req != "null" and p.list_grad()[0].stype != "default"
+                        for p in self._params)
+
+    def _grads(self):
+        """The gradient arrays, in the order of the trainer's parameters."""
+        return [g for p in self._params if p.grad_req != "null" for g in p.list_grad()]
+
+    def _push_grads(self) -> None:
+        for i, param in enumerate(self._params):
+            if param.grad_req != "null":
+                self._kvstore.push(i, param.list_grad(), priority=-i)
+
+    def _pull_grads(self) -> None:
+        for i, param in enumerate(self._params):
+            if param.grad_req != "null":
+                self._kvstore.pull(i, param.list_grad(), priority=-i)
 
     def _apply(self, norm, ignore_stale_grad):
         """The optimizer's update, the running statistics combined, the step's end."""
@@ -360,11 +403,13 @@ class Trainer(gluon.Trainer):
         clock = sess.clock if sess is not None else None
         if clock is not None:
             clock.mark("update")
-        if sess is not None and self._distributed and not self._update_on_kvstore \
+        if self._stats.started:
+            self._stats.finish()
+        elif sess is not None and self._distributed and not self._update_on_kvstore \
                 and self.sync_aux:
             self._stats.combine(self._kvstore, sess.batch_local, sess.batch_global)
-            if clock is not None:
-                clock.mark("bn")
+        if clock is not None:
+            clock.mark("bn")
         if sess is not None:
             nd.waitall()
             if clock is not None:
@@ -401,15 +446,10 @@ class Trainer(gluon.Trainer):
         iteration's sum; a plain push is answered the same way but the server waits for the
         copy before it serves the next request, the pull.
         """
-        if not (self._kvstore and self._distributed and not self._update_on_kvstore) or \
-                any(p.grad_req != "null" and p.list_grad()[0].stype != "default"
-                    for p in self._params):
+        if not self._sums_on_servers():
             return super()._allreduce_grads()
-        for i, param in enumerate(self._params):
-            if param.grad_req != "null":
-                grads = param.list_grad()
-                self._kvstore.push(i, grads, priority=-i)
-                self._kvstore.pull(i, grads, priority=-i)
+        self._push_grads()
+        self._pull_grads()
 
     # ---- checkpoints --------------------------------------------------------------------
 
