@@ -138,3 +138,21 @@ def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
     assert regime.compute_bound                      # 20 of 32: still marked
     regime.equal_split(fit, np.array([10.0, 12.0]))
     assert not regime.compute_bound and regime.compute_votes == 0
+
+
+@pytest.mark.cluster
+def test_two_equal_workers_beside_a_slower_one_get_equal_shares(tmp_path):
+    """3 workers at 1:1:3 on the small CNN: the fixed cost dominates and a worker is clearly
+    slower, so each worker's time is the job's line stretched by its own factor. The two
+    equal workers must get equal shares on average (the linear model read the fixed cost
+    as speed, and held them at 41 and 18 samples), and the slow one fewer."""
+    metrics = tmp_path / "m.jsonl"
+    r = run_mxlbbsp("launch", "-n", 3, "--emulate-slowdown", "1,1,3", "--metrics", metrics,
+                    "--progress", "0", "--", PY, EXAMPLE, "--model", "cnn", "--data",
+                    "digits", "--batch-size", "64", "--epochs", "3", "--log-interval", "0")
+    assert r.rc == 0, r.output
+    its = records(metrics)
+    late = its[10:]
+    mean = [np.mean([it[rank][0] for it in late]) for rank in range(3)]
+    assert max(mean[0], mean[1]) <= 1.1 * min(mean[0], mean[1]), (mean, late)
+    assert mean[2] < min(mean[0], mean[1]), mean

@@ -5,9 +5,9 @@ gives the :class:`~mxlbbsp.core.timemodel.TimeModel` the mode splits the next ba
 
 * ``linear``: each worker's predicted speed (samples/s), t(b) = b / v;
 * ``affine``: t(b) = a + b / v, a the AffineFit's fixed cost, v the predicted marginal speed;
-* ``auto`` (the default): the linear model, or while the fixed cost dominates the job and no
-  worker is clearly slower (:class:`AutoRegime`), every worker the same line (the equal
-  split).
+* ``auto`` (the default): the linear model, or while the fixed cost dominates the job
+  (:class:`AutoRegime`) the job's one line, the same for every worker (the equal split)
+  unless a worker is clearly slower, then stretched by each worker's measured factor.
 
 The fit and the regime are updated before the split (they decide it); the predictor's
 training step (``learn``) comes after the allocation is sent.
@@ -172,7 +172,8 @@ class AutoRegime:
         if not self.fixed_dominates:
             return "the linear model"
         if self.uneven:
-            return "the fixed cost dominates, but a worker is clearly slower: the linear model"
+            return ("the fixed cost dominates, but a worker is clearly slower: the job's line "
+                    "stretched by each worker's factor")
         return "the fixed cost dominates (a tiny model): the equal split"
 
     def _probe_of(self, worker: int) -> np.ndarray:
@@ -280,7 +281,10 @@ class SpeedModel:
             return self._equal_model(batch, compute)
         marginal = self._predict(forecast)
         bad = ~(np.isfinite(marginal) & (marginal > 0))
-        return _tm.TimeModel(np.where(bad, speed, marginal), fixed)
+        marginal = np.where(bad, speed, marginal)
+        if kind == "auto" and self.regime.fixed_dominates:
+            return self._scaled_model(batch, compute)
+        return _tm.TimeModel(marginal, fixed)
 
     def _observe(self, t: int, speed: np.ndarray, exog: np.ndarray,
                  forecast: Optional[tuple]) -> None:
@@ -353,6 +357,39 @@ class SpeedModel:
         if self.predictor is not None:
             self.predictor.learn()
 
+    def _common_line(self, batch, compute) -> tuple:
+        """(a, c): the job's line t(b) = a + c b, c its robust pooled slope (a non-positive
+        one, time that does not grow with the batch within the noise, counts as 1 % of the
+        time per mean batch), a the median over workers of each one's window level."""
+        fit = self.fit
+        mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
+        mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
+        floor = 0.01 * mean_t.sum() / mean_b.sum()
+        slope = fit.pooled_slope if np.isfinite(fit.pooled_slope) else floor
+        slope = min(max(slope, floor), float(np.min(mean_t / mean_b)))
+        return float(np.median(np.maximum(mean_t - slope * mean_b, 0.0))), slope
+
+    def _scaled_model(self, batch, compute) -> _tm.TimeModel:
+        """``auto`` while the fixed cost dominates and a worker is clearly slower: worker i's
+        time is the job's line stretched by its own factor, t_i(b) = s_i (a + c b), s_i the
+        median of its measured time over the line's at its batch, over the last
+        SPEED_WINDOW iterations, the same for workers that cannot be told apart
+        (:func:`_grouped`). A slowdown stretches the fixed cost as well (a tenant takes
+        a share of the whole iteration), and the factor does not grow with the batch: the
+        linear model's speed b / t does, where the fixed cost dominates, so a worker whose
+        batch grew looked faster and was given more (seen: two equal workers beside a 3x
+        slower one held at 41 and 18 samples). Measured, not forecast: a forecast speed
+        lags a change of the batch, and the factor it gave swung the split from end to
+        end. The same for equal workers: where the fixed cost dominates, the best split
+        answers a few per cent of noise in the factors with tens of samples."""
+        a, c = self._common_line(batch, compute)
+        factor, se = self.fit.factors(a, c, recent=SPEED_WINDOW)
+        now = compute / (a + c * np.asarray(batch, dtype=float))
+        known = np.isfinite(factor) & (factor > 0) & np.isfinite(se)
+        factor = np.where(known, factor, now)
+        factor = _grouped(factor, np.where(known, se, 0.0))
+        return _tm.TimeModel(1.0 / (factor * c), factor * a)
+
     def _equal_model(self, batch, compute) -> _tm.TimeModel:
         """``auto`` while the fixed cost dominates (tiny models) and no worker is clearly
         slower: every worker the same line t(b) = a + c b, so the equal split. c is the
@@ -363,12 +400,30 @@ class SpeedModel:
         when each worker keeps its own batch size, a difference in fixed cost and the slope
         cannot be told apart, and a slope error of a few microseconds per sample made equal
         workers look unequal by milliseconds (seen: equal pairs held at 52:12 and 63:1)."""
-        fit = self.fit
-        mean_b = np.where(np.isfinite(fit.mean_batch), fit.mean_batch, batch)
-        mean_t = np.where(np.isfinite(fit.mean_time), fit.mean_time, compute)
-        floor = 0.01 * mean_t.sum() / mean_b.sum()
-        slope = fit.pooled_slope if np.isfinite(fit.pooled_slope) else floor
-        slope = min(max(slope, floor), float(np.min(mean_t / mean_b)))
-        level = float(np.median(np.maximum(mean_t - slope * mean_b, 0.0)))
-        n = len(mean_b)
+        level, slope = self._common_line(batch, compute)
+        n = len(batch)
         return _tm.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
+
+
+#: :func:`_grouped`: factors this close (in log) always count as one, whatever their errors
+SAME_FACTOR = 0.02
+
+
+def _grouped(factor: np.ndarray, se: np.ndarray) -> np.ndarray:
+    """Workers' factors with those that cannot be told apart made one: in increasing order,
+    a worker joins the group of the one before while its log factor is within two standard
+    errors (``se``, of the log; at least SAME_FACTOR) of the group's first; each group's
+    factor is the median of its members'."""
+    logs = np.log(factor)
+    order = np.argsort(logs, kind="stable")
+    out = factor.astype(float).copy()
+    group = [order[0]]
+    for j in list(order[1:]) + [None]:
+        first = group[0]
+        if j is not None and logs[j] - logs[first] <= max(
+                2.0 * float(np.hypot(se[j], se[first])), SAME_FACTOR):
+            group.append(j)
+            continue
+        out[group] = np.exp(np.median(logs[group]))
+        group = [j]
+    return out
