@@ -30,6 +30,7 @@ script that only creates the dist_sync kvstore, and one that never does (``print
     python benchmarks/overhead.py --models mlp256,resnet20 --rounds 3
     python benchmarks/overhead.py --arm "lbbsp-nosignals=--sync lbbsp --signals none"
     python benchmarks/overhead.py --tag before             # results/overhead_before.*
+    python benchmarks/overhead.py --baseline 5917e88       # and the code of 5917e88, NAME@REV
 
 Writes benchmarks/results/overhead[_TAG].json and .md.
 """
@@ -56,7 +57,7 @@ import _suite
 TRAIN = C.ROOT / "benchmarks" / "_overhead_train.py"
 MODELS = ["mlp64", "mlp256", "mlp1024", "cnn", "resnet20"]
 #: timed iterations per model (after 10 of warm-up): each run takes a few seconds
-ITERATIONS = {"mlp64": 400, "mlp256": 300, "mlp1024": 150, "cnn": 120, "resnet20": 40}
+ITERATIONS = {"mlp64": 400, "mlp256": 300, "mlp1024": 60, "cnn": 120, "resnet20": 40}
 #: the arms: name -> `mxlbbsp launch` options (None: the plain script and launcher)
 ARMS = {"plain": None, "lbbsp": ["--sync", "lbbsp"], "bsp": ["--sync", "bsp"]}
 PHASES = ("loop", "alloc", "compute", "engine", "report", "slot", "push", "update", "bn",
@@ -183,27 +184,33 @@ def end_plain(job: Job) -> None:
 
 
 def mxlbbsp_job(argv: List[str], env: Dict[str, str], options: List[str],
-                workers: int = WORKERS, capture: bool = True) -> Job:
+                workers: int = WORKERS, capture: bool = True, tree: Path = C.ROOT) -> Job:
+    """``mxlbbsp launch`` of ``argv``; ``tree``: whose mxlbbsp (a --baseline's worktree)."""
     launch = [C.PY, "-m", "mxlbbsp.launcher", "launch", "-n", str(workers), "--progress", "0",
               *options, "--", *argv]
     out = subprocess.PIPE if capture else subprocess.DEVNULL
-    proc = subprocess.Popen(launch, cwd=C.ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    if tree != C.ROOT:
+        env = dict(env, PYTHONPATH=str(tree))
+    proc = subprocess.Popen(launch, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
                             text=True)
     return Job([proc], [proc])
 
 
-def run(arm: str, options: Optional[List[str]], model: str, iterations: int) -> dict:
+def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
+        tree: Path = C.ROOT) -> dict:
     """One job of ``model`` in ``arm``: samples/s (the mean of the workers' own figures),
-    CPU per role and iteration, and (mxlbbsp) the timeline's phases."""
+    CPU per role and iteration, and (mxlbbsp) the timeline's phases. ``tree``: the code of
+    the mxlbbsp arms (a --baseline's worktree)."""
     env = C.env()
-    argv = [C.PY, str(TRAIN), "--impl", "plain" if options is None else "mxlbbsp",
+    train = tree / "benchmarks" / "_overhead_train.py"
+    argv = [C.PY, str(train), "--impl", "plain" if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
     with tempfile.TemporaryDirectory() as tmp:
         if options is None:
             job = plain_job(argv, env)
         else:
             env["MXLBBSP_TIMELINE"] = tmp
-            job = mxlbbsp_job(argv, env, options)
+            job = mxlbbsp_job(argv, env, options, tree=tree)
         try:
             job.wait(1800)
         finally:
@@ -237,16 +244,17 @@ def timeline(folder: Path, skip: int) -> dict:
             "iteration_ms_median": float(np.median(total)), "iterations": len(rows)}
 
 
-def fixed_cost(rounds: int) -> dict:
+def fixed_cost(rounds: int, trees: Dict[str, Path]) -> dict:
     """Start-to-exit seconds of a kvstore-only script and of print('hi'), 2 workers, plain
-    launcher against ``mxlbbsp launch``, interleaved."""
+    launcher against ``mxlbbsp launch`` (``trees``: arm -> whose mxlbbsp), interleaved."""
     env = C.env()
     scripts = {"kvstore only": [C.PY, str(TRAIN), "--impl", "plain", "--kvstore-only"],
                "no kvstore": [C.PY, "-c", "print('hi')"]}
-    out = {s: {"plain": [], "mxlbbsp": []} for s in scripts}
+    arms = ["plain", *trees]
+    out = {s: {a: [] for a in arms} for s in scripts}
     for r in range(rounds):
         for script, argv in scripts.items():
-            for arm in _suite.order(["plain", "mxlbbsp"], r):
+            for arm in _suite.order(arms, r):
                 C.progress(f"fixed cost round {r + 1}/{rounds}: {script}, {arm}")
                 started = time.monotonic()
                 if arm == "plain":
@@ -255,7 +263,7 @@ def fixed_cost(rounds: int) -> dict:
                     end_plain(job)
                     ok = all(p.returncode == 0 for p in job.workers)
                 else:
-                    job = mxlbbsp_job(argv, env, [], capture=False)
+                    job = mxlbbsp_job(argv, env, [], capture=False, tree=trees[arm])
                     job.wait(300)
                     ok = job.procs[0].returncode == 0
                 took = time.monotonic() - started
@@ -291,13 +299,29 @@ def main(argv=None) -> int:
     p.add_argument("--no-fixed-cost", action="store_true")
     p.add_argument("--fixed-cost-only", action="store_true")
     p.add_argument("--tag", help="results/overhead_TAG.json and .md")
+    p.add_argument("--baseline", metavar="REV",
+                   help="also run every mxlbbsp arm on the code of commit REV (a temporary "
+                        "git worktree), interleaved with the others: NAME@REV")
     C.add_smoke(p)
     args = p.parse_args(argv)
+    if args.baseline:
+        with C.worktree(args.baseline) as tree:
+            return measure(args, tree)
+    return measure(args, None)
+
+
+def measure(args, baseline: Optional[Path]) -> int:
     models = [m for m in args.models.split(",") if m]
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
     arms = parse_arms(args.arm, args.arms)
+    trees = {a: C.ROOT for a in arms}
+    if baseline is not None:
+        for a, opts in list(arms.items()):
+            if opts is not None:
+                arms[f"{a}@{args.baseline}"] = opts
+                trees[f"{a}@{args.baseline}"] = baseline
     rounds, fc_rounds = args.rounds, args.fixed_cost_rounds
     iterations = {m: max(int(ITERATIONS[m] * args.iterations), 5) for m in models}
     if C.smoke(args):        # one round of the smallest model, 20 iterations; one fixed cost
@@ -312,12 +336,16 @@ def main(argv=None) -> int:
                 for arm in _suite.order(list(arms), r):
                     C.progress(f"{model} round {r + 1}/{rounds}: {arm} (load "
                                f"{os.getloadavg()[0]:.1f})")
-                    runs[arm].append(run(arm, arms[arm], model, iterations[model]))
+                    runs[arm].append(run(arm, arms[arm], model, iterations[model],
+                                         trees[arm]))
                     C.progress(f"  {runs[arm][-1]['samples_per_s']:.0f} samples/s")
             results[model] = summarise(runs, iterations[model])
     fixed = None
     if not args.no_fixed_cost:
-        fixed = fixed_cost(fc_rounds)
+        mxl = {"mxlbbsp": C.ROOT}
+        if baseline is not None:
+            mxl[f"mxlbbsp@{args.baseline}"] = baseline
+        fixed = fixed_cost(fc_rounds, mxl)
     doc = {"workers": WORKERS, "global_batch": BATCH, "rounds": rounds, "arms": arms,
            "iterations": iterations, "results": results, "fixed_cost_s": fixed,
            "load_before": load_before,
@@ -395,13 +423,16 @@ def table(doc: dict) -> str:
                 lines.append(f"| {model} | {a} | "
                              + " | ".join(f"{cpu.get(k, 0.0):.2f}" for k in roles) + " |")
     if doc["fixed_cost_s"]:
-        lines += ["", "## A job's fixed cost: start to exit, 2 workers (s; median, rounds)", "",
-                  "| script | plain launcher | mxlbbsp launch | difference |", "|---|---|---|---|"]
+        names = list(next(iter(doc["fixed_cost_s"].values())))
+        lines += ["", "## A job's fixed cost: start to exit, 2 workers (s; median (rounds), "
+                      "and its difference to the plain launcher's)", "",
+                  "| script | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for script, arms_ in doc["fixed_cost_s"].items():
-            a, b = np.median(arms_["plain"]), np.median(arms_["mxlbbsp"])
-            lines.append(f"| {script} | {a:.2f} ({_suite.rounds_text(arms_['plain'])}) | "
-                         f"{b:.2f} ({_suite.rounds_text(arms_['mxlbbsp'])}) | "
-                         f"{b - a:+.2f} |")
+            plain = np.median(arms_["plain"])
+            cells = [f"{np.median(arms_[a]):.2f} ({_suite.rounds_text(arms_[a])})"
+                     + ("" if a == "plain" else f", **{np.median(arms_[a]) - plain:+.2f}**")
+                     for a in names]
+            lines.append(f"| {script} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
