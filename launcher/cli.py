@@ -175,9 +175,9 @@ def cli(verbose):
               help="linear: time = b / speed (b proportional to speed); affine: time = a + "
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
                    "cost is half the time or more (tiny models), keep the split equal unless "
-                   "a worker is clearly (1.5x) slower at the equal batch, then the job's "
-                   "line stretched by each worker's measured factor, with the equal split "
-                   "tried again every 24 iterations, and linear for good "
+                   "a worker is clearly (1.5x) slower at the equal batch, then linear "
+                   "with one speed for the workers that cannot be told apart, with the "
+                   "equal split tried again every 24 iterations, and linear for good "
                    "once balancing shows the time growing with the batch; else linear.")
 @click.option("--exog", default=_default("exog"), show_default=True, metavar="COLS",
               help="The predictor's exogenous inputs, from each worker's report: auto "
