@@ -13,9 +13,10 @@ add up to its wall time. The phases, in order (:data:`PHASES`):
     engine   waiting for the engine to finish the gradients (before the report)
     report   the report built and sent
     slot     the mode's wait before the push (r2sp's push slot)
-    push     the pushes (and pulls) issued to the kvstore
+    push     the pushes and pulls issued to the kvstore (in dist_sync the pushes before
+             ``engine``, the pulls and BatchNorm's statistics after ``slot``)
     update   the optimizer's update issued
-    bn       BatchNorm's running statistics combined over the workers (a round trip)
+    bn       BatchNorm's running statistics: waiting for their sums over the workers, set
     pull     waiting for the engine: the sums pulled and the update done
     done     the done message built and sent
 
