@@ -218,6 +218,8 @@ def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
     the mxlbbsp arms (a --baseline's worktree)."""
     env = C.env()
     train = tree / "benchmarks" / "_overhead_train.py"
+    if not train.exists():          # a --baseline from before this benchmark: no timeline
+        train = TRAIN
     argv = [C.PY, str(train), "--impl", "plain" if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
     with tempfile.TemporaryDirectory() as tmp:
