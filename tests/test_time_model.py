@@ -140,19 +140,39 @@ def test_the_compute_bound_mark_is_dropped_when_the_batch_shrinks_a_lot():
     assert not regime.compute_bound and regime.compute_votes == 0
 
 
-@pytest.mark.cluster
-def test_two_equal_workers_beside_a_slower_one_get_equal_shares(tmp_path):
-    """3 workers at 1:1:3 on the small CNN: the fixed cost dominates and a worker is clearly
-    slower, so each worker's time is the job's line stretched by its own factor. The two
-    equal workers must get equal shares on average (the linear model read the fixed cost
-    as speed, and held them at 41 and 18 samples), and the slow one fewer."""
-    metrics = tmp_path / "m.jsonl"
-    r = run_mxlbbsp("launch", "-n", 3, "--emulate-slowdown", "1,1,3", "--metrics", metrics,
-                    "--progress", "0", "--", PY, EXAMPLE, "--model", "cnn", "--data",
-                    "digits", "--batch-size", "64", "--epochs", "3", "--log-interval", "0")
-    assert r.rc == 0, r.output
-    its = records(metrics)
-    late = its[10:]
-    mean = [np.mean([it[rank][0] for it in late]) for rank in range(3)]
-    assert max(mean[0], mean[1]) <= 1.1 * min(mean[0], mean[1]), (mean, late)
-    assert mean[2] < min(mean[0], mean[1]), mean
+def split_of_three(seed, fixed_s, per_sample_s, slow, iterations=120, B=64):
+    """The coordinator's split of every iteration for 3 simulated workers whose times are
+    ``slow_i * (fixed + per_sample * b_i)``, with the module's noise (as time_model.run)."""
+    from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+    from mxlbbsp.core.frames import Rows
+    rng = np.random.default_rng(seed)
+    c = Coordinator(CoordinatorConfig(num_workers=3, token="t"))
+    c.links.send_split = lambda t, sizes: None                # no workers to send to
+    sizes = np.array([22, 21, 21])
+    c._sizes = sizes.copy()
+    out = []
+    for t in range(iterations):
+        stretch = rng.lognormal(0, NOISE, 3) * np.where(rng.random(3) < 0.05, 3, 1)
+        compute = (fixed_s + per_sample_s * sizes) * np.asarray(slow) * stretch
+        for r in range(3):
+            decided = c.collect.reports(Rows.from_messages([r], [{
+                "type": "report", "iteration": t, "batch_size": int(sizes[r]),
+                "compute_s": float(compute[r]), "next_global_batch": B}], 0.0))
+        c.decide(*decided)
+        sizes = np.asarray(c._sizes)
+        out.append(sizes.copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("per_sample_s", [3e-5, 3e-6])   # 80 % and 98 % fixed cost
+def test_two_equal_workers_beside_a_slower_one_get_equal_shares(per_sample_s):
+    """1:1:3 where the fixed cost dominates (a small CNN): a worker is clearly slower, so
+    the linear model balances, and it read the fixed cost as speed (of two equal workers,
+    the one given more looked faster and got more) while the slow worker, at its least
+    batch and last whatever they got, made every split of the others equally long: the
+    real job held the equal workers at mean batches of 41 and 18. Their mean local batches
+    must be within 10 % of each other (before: 1.13-1.74x over these seeds at 80 %)."""
+    for seed in range(4):
+        mean = split_of_three(seed, 0.004, per_sample_s, [1.0, 1.0, 3.0])[10:].mean(axis=0)
+        assert max(mean[:2]) <= 1.1 * min(mean[:2]), (seed, mean)
+        assert mean[2] < min(mean[:2]), (seed, mean)

@@ -372,24 +372,32 @@ class SpeedModel:
 
     def _alike(self, batch, compute, speed) -> np.ndarray:
         """``auto`` while the fixed cost dominates and a worker is clearly slower: the linear
-        model balances, but workers that cannot be told apart get one speed, their median.
-        Which those are: each worker's factor over the job's line t(b) = a + c b, the median
-        of its measured time over the line's at its batch over the last SPEED_WINDOW
-        iterations, grouped within two standard errors (:func:`_grouped`). Where the fixed
+        model balances, but workers none of which is clearly slower than another get one
+        speed, their median. "Clearly slower" is the regime's own test: the worker's time at
+        the equal batch, carried there from its last SPEED_WINDOW observations at every
+        fixed share the fit allows (AffineFit.equal_split_bounds), at least CLEARLY_SLOWER
+        times another's in the worst case for the claim (:func:`_grouped`). Where the fixed
         cost dominates, the linear model's speed b / t grows with the batch: of two equal
         workers the one given more looked faster and was given more still, and a slow
         worker at its least batch, finishing last whatever they got, left nothing to pull
         them back (seen: two equal workers beside a 3x slower one held at 41 and 18
-        samples). A factor does not grow with the batch. (The line stretched by each
-        worker's factor, tried as the model itself, balanced a clearly slower worker less
-        than the linear model: alternating tenants, whose shrinking batch the fit reads as
-        a fixed cost, stayed at the equal split 91 % of the time instead of 12 %.)"""
-        a, c = self._common_line(batch, compute)
-        factor, se = self.fit.factors(a, c, recent=SPEED_WINDOW)
-        now = compute / (a + c * np.asarray(batch, dtype=float))
-        known = np.isfinite(factor) & (factor > 0) & np.isfinite(se)
-        groups = _grouped(np.where(known, factor, now), np.where(known, se, 0.0))
+        samples). (Tried first: each worker's time as the job's line stretched by its own
+        measured factor; it balanced a clearly slower worker less than the linear model,
+        and alternating tenants, whose shrinking batch the fit reads as a fixed cost,
+        stayed at the equal split 91 % of the time instead of 12 %. Then factors grouped
+        within two standard errors: a real 1:1:3 job on two shared cores still held equal
+        workers 1.2-1.3x apart in 3 runs of 5.)"""
+        fit = self.fit
+        lo, hi = fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
+                                        fixed_share=(fit.job_share_low, fit.job_share_high))
         out = np.asarray(speed, dtype=float).copy()
+        if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+            return out
+        groups = _grouped(lo, hi)
+        if groups.max() == 0:
+            # none clearly slower any more: the regime balances on (it retries the equal
+            # split in time), as it would without the groups; so two workers never group
+            return out
         for label in np.unique(groups):
             members = groups == label
             out[members] = np.median(out[members])
@@ -410,21 +418,16 @@ class SpeedModel:
         return _tm.TimeModel(np.full(n, 1.0 / slope), np.full(n, level))
 
 
-#: :func:`_grouped`: factors this close (in log) always count as one, whatever their errors
-SAME_FACTOR = 0.02
-
-
-def _grouped(factor: np.ndarray, se: np.ndarray) -> np.ndarray:
-    """A group label per worker, the same for factors that cannot be told apart: in
-    increasing order, a worker joins the group of the one before while its log factor is
-    within two standard errors (``se``, of the log; at least SAME_FACTOR) of the group's
-    first."""
-    logs = np.log(factor)
-    order = np.argsort(logs, kind="stable")
-    labels = np.zeros(len(factor), dtype=np.int64)
+def _grouped(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """A group label per worker from each one's low and high time at the equal batch: in
+    increasing order of the high bound, a worker joins the group of the one before unless
+    it is clearly slower than the group's first (its low bound at least CLEARLY_SLOWER
+    times the first's high bound)."""
+    order = np.argsort(hi, kind="stable")
+    labels = np.zeros(len(hi), dtype=np.int64)
     first, label = order[0], 0
     for j in order[1:]:
-        if logs[j] - logs[first] > max(2.0 * float(np.hypot(se[j], se[first])), SAME_FACTOR):
+        if lo[j] >= CLEARLY_SLOWER * hi[first]:
             first, label = j, label + 1
         labels[j] = label
     return labels

@@ -251,25 +251,6 @@ class AffineFit:
         hi = np.where(valid, np.maximum(*carried), np.nan)
         return nanmedian_last(lo), nanmedian_last(hi)
 
-    def factors(self, fixed: float, slope: float, recent: Optional[int] = None) -> tuple:
-        """How much slower than the line t(b) = fixed + slope * b each worker has been over
-        its last ``recent`` observations (default: the window): (the median of its
-        t / line, the standard error of the log of that median, from the observations'
-        median absolute deviation); NaN for a worker with none."""
-        b, t = self._b, self._t
-        if recent is not None and recent < self.window:
-            cols = [(self._next - 1 - k) % self.window for k in range(recent)]
-            b, t = b[:, cols], t[:, cols]
-        line = fixed + slope * b
-        valid = np.isfinite(b) & np.isfinite(t) & (t > 0) & (line > 0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            logs = np.where(valid, np.log(np.where(valid, t / line, 1.0)), np.nan)
-            middle = nanmedian_last(logs)
-            mad = nanmedian_last(np.abs(logs - middle[:, None]))
-            # the median's standard error of a normal sample: 1.2533 sigma / sqrt(n)
-            se = 1.2533 * 1.4826 * mad / np.sqrt(valid.sum(axis=1))
-        return np.exp(middle), se
-
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""
         batch = np.asarray(batch, dtype=float)
