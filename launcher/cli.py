@@ -176,7 +176,8 @@ def cli(verbose):
                    "b / speed with a fitted fixed cost a per worker; auto: once the fixed "
                    "cost is half the time or more (tiny models), keep the split equal unless "
                    "a worker is clearly (1.5x) slower at the equal batch, then linear "
-                   "with one speed for the workers that cannot be told apart, with the "
+                   "with one speed for the workers none clearly slower than another, "
+                   "with the "
                    "equal split tried again every 24 iterations, and linear for good "
                    "once balancing shows the time growing with the batch; else linear.")
 @click.option("--exog", default=_default("exog"), show_default=True, metavar="COLS",

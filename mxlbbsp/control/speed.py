@@ -8,7 +8,7 @@ gives the :class:`~mxlbbsp.core.timemodel.TimeModel` the mode splits the next ba
 * ``auto`` (the default): the linear model, or while the fixed cost dominates the job
   (:class:`AutoRegime`) the job's one line, the same for every worker (the equal split)
   unless a worker is clearly slower, then the linear model with one speed for the workers
-  that cannot be told apart.
+  none of which is clearly slower than another.
 
 The fit and the regime are updated before the split (they decide it); the predictor's
 training step (``learn``) comes after the allocation is sent.
