@@ -93,7 +93,7 @@ D_Y = 2          # speed lags (the level, and dy - 1 differences)
 D_X = 2          # exogenous lags (per column)
 KNOTS = ()       # tanh units per input, centred here (normalised units)
 SHARPNESS = 3.0  # their slope
-BANDWIDTH = 1.2  # kernel unit: Gaussian width in units of the input's noise scale (0: no kernel unit)
+BANDWIDTH = 1.2  # kernel unit: its width in units of the input's noise scale (0: no kernel unit)
 KERNEL = "biweight"  # kernel unit's shape: "biweight" (compact, no exp) or "gauss"
 PRIOR = 0.05     # kernel unit: weight (in pairs) of its prior, a line through the memory
 DIFF_WINDOW = 32  # the noise scale: median |change| of the reading over this many iterations
@@ -384,9 +384,10 @@ class NARX(Predictor):
         return phi
 
     def _recall(self, u) -> np.ndarray:
-        """The kernel units, one per input j: a Gaussian-weighted mean of the log speeds
+        """The kernel units, one per input j: a kernel-weighted mean of the log speeds
         that followed a value of input j like u_j (a generalised regression network per
-        input, one hidden unit per remembered pair), the Gaussian's width BANDWIDTH times
+        input, one hidden unit per remembered pair; the kernel ``self.kernel``, biweight by
+        default, or Gaussian), the kernel's width BANDWIDTH times
         the input's noise scale (the median change of the reading from one iteration to the
         next); with the prior (a straight line through the memory, of weight ``prior``
         pairs) where little or nothing similar is remembered; NaN before any pair. Per

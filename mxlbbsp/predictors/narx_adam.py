@@ -1,4 +1,4 @@
-"""narx-adam: the first NARX (until issue 14), kept for comparison: a small network trained by
+"""narx-adam: the first NARX, kept for comparison: a small network trained by
 one Adam step per iteration. The default ``narx`` (narx.py) learns the exogenous relation far
 faster; benchmarks/predictors.py compares the two.
 
@@ -34,8 +34,8 @@ step.
 
 Everything is vectorised over workers: the parameters of all n networks are one (n, P) array,
 a step is a few batched matmuls of shape (n, batch, D+1) x (n, D+1, H), the minibatch slots
-are the same for all workers, and worker i's numbers never depend on worker j's (``NARX(n)``
-computes what n separate ``NARX(1)`` compute).
+are the same for all workers, and worker i's numbers never depend on worker j's
+(``NARXAdam(n)`` computes what n separate ``NARXAdam(1)`` compute).
 
 Fallbacks (the forecast is the last observed speed instead):
   * warm-up: the first ``warmup`` observations (not counted as a fallback);
@@ -101,11 +101,11 @@ ADAM = (0.9, 0.999, 1e-8)
 
 
 @register("narx-adam")
-class NARX(Predictor):
+class NARXAdam(Predictor):
     """Online NARX network per worker (see the module docstring for the model).
 
-    About 280 lines in one class: the first NARX, kept as it was measured (the network, its
-    Adam state and its replay window share per-worker arrays); the default is ``narx``.
+    Long for a class: the first NARX, kept as it was measured (the network, its Adam state
+    and its replay window share per-worker arrays); the default is ``narx``.
     """
 
     separable = True
