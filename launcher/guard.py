@@ -15,7 +15,8 @@ The guard then keeps reading stdin. When stdin closes (the launcher exited or di
 SSH connection dropped) or a ``stop`` line arrives, or the guard itself gets SIGTERM, SIGINT or
 SIGHUP, or, with ``"silence": S`` in the spec, nothing arrives on stdin for S seconds (the
 launcher sends an empty line now and then: a partitioned network closes nothing on the remote
-side), it stops the whole process group: SIGTERM, ``grace`` seconds, then SIGKILL. When the
+side), it stops the whole process group: SIGTERM (SIGUSR2 with ``"preemptible": true``,
+below), ``grace`` seconds, then SIGKILL. When the
 command ends by itself, whatever it left behind in its group is killed too. The guard exits
 with the command's exit code (128 + N for a signal N, like a shell), after a last line
 ``mxlbbsp guard: exit N`` on stdout (the launcher does not show it), and before it, when a
@@ -44,6 +45,14 @@ sit idle (e.g. in ps-lite's finalize barrier) hangs. With ``cpu_every``, the gua
 ``mxlbbsp guard: stopped`` when the command is stopped (SIGSTOP, a debugger: state ``T`` or
 ``t`` in ``/proc/PID/stat``, looked at every STATE_EVERY s) and ``mxlbbsp guard: continued``
 when it runs again: the launcher names a stopped remote worker as it names a local one.
+
+With ``"preemptible": true`` (the roles of an elastic job) SIGTERM is a preemption notice,
+as a cloud or SLURM sends it to a host's processes before taking the host away: the guard
+writes ``mxlbbsp guard: preempted`` on stdout and keeps the command running (the launcher
+resizes the job around this host at an iteration boundary, then closes stdin; after
+``preempt_grace`` seconds, 60 by default, the guard stops the command anyway), and the
+command gets ``MXLBBSP_PREEMPTIBLE=1``, with which mxlbbsp's workers, servers and relays
+take their own SIGTERM as a notice too. So the guard ends the command with SIGUSR2.
 
 The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
 itself is killed (``kill -9``), its role dies with it, locally and over SSH.
@@ -85,6 +94,13 @@ STOPPED = "mxlbbsp guard: stopped"
 CONTINUED = "mxlbbsp guard: continued"
 #: how often the guard looks whether its command is stopped (spec ``cpu_every``)
 STATE_EVERY = 0.25
+#: the guard's line (spec ``preemptible``) when it got SIGTERM: a preemption notice
+PREEMPTED = "mxlbbsp guard: preempted"
+#: (spec ``preemptible``) the command's variable that makes SIGTERM a notice, not an end
+PREEMPTIBLE = "MXLBBSP_PREEMPTIBLE"
+#: (spec ``preemptible``) how long after its own SIGTERM the guard keeps the command
+#: running, waiting for the launcher to resize the job around this host; then it stops it
+PREEMPT_GRACE = 60.0
 #: k processes of the job on this host: unless OMP_NUM_THREADS is set, each gets this host's
 #: cores // k threads
 SHARE_CORES = "MXLBBSP_SHARE_CORES"
@@ -233,8 +249,13 @@ class Guard:
     def __init__(self, spec: dict):
         self.spec = spec
         self.grace = float(spec.get("grace", 3.0))
+        #: an elastic job's role: SIGTERM is a preemption notice (for the guard and for the
+        #: command), and the guard ends the command with SIGUSR2, which no hook catches
+        self.preemptible = bool(spec.get("preemptible"))
+        self.end_signal = signal.SIGUSR2 if self.preemptible else signal.SIGTERM
         self.child = None
         self._stopping = threading.Event()
+        self._preempted = False
 
     def start(self) -> None:
         env = dict(os.environ)
@@ -242,6 +263,8 @@ class Guard:
         share = env.get(SHARE_CORES, "")
         if "OMP_NUM_THREADS" not in env and share.isdigit() and int(share) > 0:
             env["OMP_NUM_THREADS"] = str(max(1, _cores() // int(share)))
+        if self.preemptible:
+            env[PREEMPTIBLE] = "1"
         if self.spec.get("boot"):
             env["PYTHONPATH"] = os.pathsep.join(
                 [BOOT_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -258,9 +281,24 @@ class Guard:
         self._stopping.set()
         threading.Thread(target=self._terminate, daemon=True).start()
 
+    def preempted(self) -> None:
+        """SIGTERM to a preemptible role's guard: say so once on stdout (the launcher
+        resizes the job around this host, then closes stdin), and stop the command after
+        ``preempt_grace`` seconds if that never comes."""
+        if self._preempted or self._stopping.is_set():
+            return
+        self._preempted = True
+        try:
+            os.write(1, f"{PREEMPTED}\n".encode())
+        except OSError:
+            pass
+        timer = threading.Timer(float(self.spec.get("preempt_grace", PREEMPT_GRACE)), self.stop)
+        timer.daemon = True
+        timer.start()
+
     def _terminate(self) -> None:
         pgid = self.child.pid
-        _killpg(pgid, signal.SIGTERM)
+        _killpg(pgid, self.end_signal)
         _killpg(pgid, signal.SIGCONT)   # a stopped process sees its SIGTERM only once resumed
         deadline = time.monotonic() + self.grace
         while time.monotonic() < deadline and _group_alive(pgid):
@@ -372,6 +410,8 @@ def main() -> int:
     guard = Guard(spec)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: guard.stop())
+    if guard.preemptible:
+        signal.signal(signal.SIGTERM, lambda *_: guard.preempted())
     cwd = spec.get("cwd") or os.getcwd()
     here = f"on {os.uname().nodename}, in {cwd}"
     if not os.path.isdir(cwd):

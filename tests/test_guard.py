@@ -159,3 +159,69 @@ def test_the_launcher_takes_the_state_lines_and_the_exit_hooks_end():
     assert (True, False) in seen and (False, True) in seen, seen
     assert seen.index((True, False)) < seen.index((False, True))
     assert not role.stopped()                                   # it ended
+
+
+def _started_guard(spec):
+    proc = subprocess.Popen([sys.executable, "-m", "mxlbbsp.launcher.guard"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdin.write(json.dumps(spec) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == STARTED
+    return proc
+
+
+def _wait_for(predicate, seconds=10.0):
+    import time
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("who", ["guard", "command"])
+def test_sigterm_to_a_preemptible_role_is_a_notice(tmp_path, who):
+    """An elastic job's role (spec ``preemptible``): SIGTERM to the guard, or to the command
+    (a worker, through the exit hook), is said once and the command runs on; the launcher's
+    end (stdin closed) still stops it at once (SIGUSR2)."""
+    import signal
+    import time
+    from mxlbbsp.launcher.guard import PREEMPTED
+    pid_file = tmp_path / "pid"
+    code = (f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "time.sleep(60)\n")
+    proc = _started_guard({"argv": [sys.executable, "-c", code], "cwd": os.getcwd(),
+                           "boot": True, "preemptible": True, "grace": 5})
+    try:
+        _wait_for(pid_file.exists)
+        _wait_for(lambda: pid_file.read_text() != "")
+        child = int(pid_file.read_text())
+        target = proc.pid if who == "guard" else child
+        os.kill(target, signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None
+        os.kill(child, 0)                              # still running
+        started = time.monotonic()
+        proc.stdin.close()                             # the launcher is done with it
+        assert proc.wait(timeout=10) == 128 + signal.SIGUSR2
+        assert time.monotonic() - started < 4          # not the grace: SIGUSR2 ends it
+        out, err = proc.stdout.read(), proc.stderr.read()
+        if who == "guard":
+            assert out.splitlines().count(PREEMPTED) == 1, out
+        else:
+            assert err.splitlines().count("mxlbbsp-exit-hook: preempted") == 1, err
+    finally:
+        proc.kill()
+
+
+def test_sigterm_to_a_plain_role_still_stops_it(tmp_path):
+    import signal
+    proc = _started_guard({"argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+                           "cwd": os.getcwd(), "boot": True, "grace": 5})
+    try:
+        import time
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()

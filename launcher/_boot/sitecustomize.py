@@ -28,6 +28,11 @@ user's script. It
   reached the top level (a caught one is freed inside the frame that caught it). ``sys.exit``
   is wrapped to raise it.
 
+In an elastic job (``MXLBBSP_PREEMPTIBLE=1``, set by the guard) SIGTERM is a preemption
+notice: the worker says ``mxlbbsp-exit-hook: preempted`` on stderr and trains on; the launcher
+resizes the job around its host at an iteration boundary, and the guard then ends it with
+SIGUSR2.
+
 What stays as before: scripts that catch their exceptions, ``sys.exit(0)``, ``sys.exit()``,
 a normal end (the normal finalize, barrier included), exceptions in other threads.
 
@@ -62,6 +67,12 @@ ENDED = MARKER + " ended"
 #: the pid of the worker's own process (the first that imported this module); its children
 #: inherit it and do not announce their end
 TOP_PID = "MXLBBSP_EXIT_HOOK_PID"
+#: set by the guard of a role in an elastic job (launcher/guard.py): SIGTERM is then a
+#: preemption notice (the job shrinks around this host at an iteration boundary), and the
+#: guard ends the role with SIGUSR2 instead
+PREEMPTIBLE = "MXLBBSP_PREEMPTIBLE"
+#: the line on stderr when the worker got its preemption notice (once)
+PREEMPTED = MARKER + " preempted"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PlainSystemExit = SystemExit
@@ -200,6 +211,22 @@ def _announce_end() -> None:
         pass
 
 
+_noticed = []
+
+
+def _on_preemption(signum, frame) -> None:
+    """SIGTERM in an elastic job: say so once (the worker's own process; the processes it
+    started inherit the handler and stay quiet), and go on training until the launcher
+    has resized the job around this host."""
+    if _noticed or os.environ.get(TOP_PID) != str(os.getpid()):
+        return
+    _noticed.append(True)
+    try:
+        os.write(2, f"{PREEMPTED}\n".encode())
+    except OSError:
+        pass
+
+
 def _thread_excepthook_ignoring_ours(previous):
     def hook(args):
         if args.exc_type is SystemExit:
@@ -220,6 +247,9 @@ def install() -> None:
     sys.exit = _exit
     import threading  # cheap, and any MXNet script imports it anyway
     threading.excepthook = _thread_excepthook_ignoring_ours(threading.excepthook)
+    if os.environ.get(PREEMPTIBLE) == "1":
+        import signal
+        signal.signal(signal.SIGTERM, _on_preemption)
 
 
 install()

@@ -106,6 +106,9 @@ SIGNALS = "MXLBBSP_SIGNALS"
 EXIT_HOOK = "MXLBBSP_EXIT_HOOK"
 #: the exit hook's own (launcher/_boot/sitecustomize.py reads it by name: stdlib only)
 EXIT_HOOK_PID = "MXLBBSP_EXIT_HOOK_PID"
+#: set by the guard of a role in an elastic job: SIGTERM is a preemption notice (the guard's
+#: own name for it, launcher/guard.py, which imports nothing of mxlbbsp)
+PREEMPTIBLE = "MXLBBSP_PREEMPTIBLE"
 STALL_FLOORS = "MXLBBSP_STALL_FLOORS"
 #: the automatic stall limit's floors: before the first iteration, and after it
 DEFAULT_STALL_FLOORS = (300.0, 120.0)
@@ -212,6 +215,11 @@ def relay(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address
 def hub_relays(env: Optional[Mapping[str, str]] = None) -> int:
     """How many hosts' relays a hub serves (``python -m mxlbbsp.relay.hub``)."""
     return _int(env, HUB_RELAYS, 0)
+
+
+def preemptible(env: Optional[Mapping[str, str]] = None) -> bool:
+    """MXLBBSP_PREEMPTIBLE: this role's SIGTERM is a preemption notice (an elastic job)."""
+    return get(env, PREEMPTIBLE) == "1"
 
 
 def token(env: Optional[Mapping[str, str]] = None) -> str:
