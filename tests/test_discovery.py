@@ -1,6 +1,5 @@
 """Host discovery (launcher/discovery.py): a real script run as a subprocess, and what
 each kind of bad answer does."""
-import os
 import stat
 
 import pytest
