@@ -269,6 +269,23 @@ def cli(verbose):
               help="When the job fails, restart it from the latest checkpoint up to N times "
                    "(over SSH without the hosts that fail the pre-flight); needs "
                    "--checkpoint-dir.")
+@click.option("--host-discovery-script", metavar="PATH",
+              help="Elastic job (as horovodrun's): an executable that prints the usable "
+                   "hosts, one per line, host or host:slots, and exits 0. It runs every "
+                   "--discovery-interval seconds; when the hosts change, the job is resized "
+                   "at an iteration boundary (checkpointed there, then continued on the new "
+                   "hosts from exactly that iteration: nothing trained is lost, and B stays "
+                   "B). Needs --checkpoint-dir; not with -H or -n.")
+@click.option("--min-workers", "--min-np", "min_workers", type=int, metavar="N",
+              help="Elastic job: the fewest workers it runs on (default 1); below it the "
+                   "job ends with one line naming the hosts that went. In a SLURM "
+                   "allocation, --min-workers or --max-workers alone makes the job elastic "
+                   "over the allocation's nodes.")
+@click.option("--max-workers", "--max-np", "max_workers", type=int, metavar="N",
+              help="Elastic job: the most workers it runs on (more slots are left unused).")
+@click.option("--discovery-interval", type=float, default=_default("discovery_interval"),
+              show_default=True, metavar="S",
+              help="Elastic job: seconds between two runs of the discovery script.")
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.option("-v", "--verbose", is_flag=True,
@@ -280,8 +297,9 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
-           relay, hubs, remote_python, checkpoint_dir, checkpoint_every, resume, restarts, dry_run, verbose,
-           command, **mode_values):
+           relay, hubs, remote_python, checkpoint_dir, checkpoint_every, resume, restarts,
+           host_discovery_script, min_workers, max_workers, discovery_interval, dry_run,
+           verbose, command, **mode_values):
 
     configure_logging(verbose)
 
@@ -299,7 +317,9 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         remote_python=remote_python,
         dry_run=dry_run, mode_options={_MODE_PARAMS[k]: v for k, v in mode_values.items()},
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-        restarts=restarts)
+        restarts=restarts, host_discovery_script=host_discovery_script,
+        min_workers=min_workers, max_workers=max_workers,
+        discovery_interval=discovery_interval)
     return run_job(config)
 
 

@@ -232,6 +232,13 @@ class LaunchConfig:
     resume: Optional[str] = None
     restarts: int = 0
     launcher: Optional[str] = None            # local | ssh | slurm; None: detected
+    # elastic membership (launcher/elastic.py): the hosts come from a discovery script (or
+    # the SLURM allocation), polled every discovery_interval s; the job resizes between
+    # min_workers and max_workers
+    host_discovery_script: Optional[str] = None
+    min_workers: Optional[int] = None
+    max_workers: Optional[int] = None
+    discovery_interval: float = 3.0
     #: on: a relay (mxlbbsp.relay) on every host with two or more workers; off: none; auto:
     #: on from RELAY_FROM workers
     relay: str = "auto"
@@ -369,11 +376,58 @@ class LaunchConfig:
                 raise ConfigError(f"--bind {self.bind} is not an address of --ps-interface "
                                   f"{self.ps_interface} ({', '.join(addresses)}); drop --bind "
                                   "(the interface's address is the default) or give one of those")
+        self._check_elastic()
         if self.num_workers is not None:
             self.check_workers(self.num_workers)
         self._check_checkpoints()
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job resizes as hosts come and go: a discovery script, or bounds on
+        the workers inside a SLURM allocation (whose nodes are then the hosts)."""
+        return self.host_discovery_script is not None or (
+            self.min_workers is not None or self.max_workers is not None)
+
+    def _check_elastic(self) -> None:
+        if not self.elastic:
+            return
+        script = self.host_discovery_script
+        if script is None and self.launcher != "slurm" and not _env.in_slurm_allocation():
+            raise ConfigError("--min-workers/--max-workers make a job elastic over the hosts "
+                              "of --host-discovery-script (or of a SLURM allocation): give the "
+                              "script, e.g. --host-discovery-script ./hosts.sh")
+        if script is not None:
+            if self.hostfile is not None:
+                raise ConfigError("-H and --host-discovery-script both give the hosts: give one "
+                                  "(the script's hosts change while the job runs)")
+            full = os.path.join(self.cwd, script)
+            if not os.path.isfile(full):
+                raise ConfigError(f"--host-discovery-script {script!r}: no such file")
+            if not os.access(full, os.X_OK):
+                raise ConfigError(f"--host-discovery-script {script!r} is not executable; "
+                                  f"chmod +x {script}")
+            self.host_discovery_script = os.path.abspath(full)
+        if self.num_workers is not None:
+            raise ConfigError("-n with an elastic job: the job takes every slot its hosts "
+                              "have, between --min-workers and --max-workers; give those "
+                              "instead")
+        low, high = self.min_workers, self.max_workers
+        for flag, value in (("--min-workers", low), ("--max-workers", high)):
+            if value is not None and not 1 <= value <= MAX_WORKERS:
+                raise ConfigError(f"{flag} {value}: must be in 1..{MAX_WORKERS}")
+        if low is not None and high is not None and low > high:
+            raise ConfigError(f"--min-workers {low} is above --max-workers {high}; give a "
+                              "minimum <= the maximum")
+        _finite(self.discovery_interval, "--discovery-interval", "seconds")
+        if not self.discovery_interval > 0:
+            raise ConfigError(f"--discovery-interval {self.discovery_interval:g}: must be a "
+                              "positive number of seconds")
+        if not self.checkpoint_dir:
+            raise ConfigError("an elastic job resizes through checkpoints: give "
+                              "--checkpoint-dir DIR (on a file system that this machine and "
+                              "every host's rank 0 share)")
 
     @property
     def sync_options(self) -> dict:

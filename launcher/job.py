@@ -40,7 +40,7 @@ from .guard import remove_sockets
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, stop_all
 from .roles import RoleBuilder, Roles, free_port
-from .slurm import SlurmTransport, in_allocation
+from .slurm import SlurmTransport
 from .supervise import EXIT_CONFIG, Supervisor
 
 
@@ -64,7 +64,7 @@ def choose_transport(config: LaunchConfig,
     if name is None:
         if config.hostfile is not None:
             name = "ssh"
-        elif in_allocation():
+        elif _env.in_slurm_allocation():
             name = "slurm"
         else:
             name = "local"

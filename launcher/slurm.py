@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from mxlbbsp.core import env as _env
+
 from . import ssh
 from .config import ConfigError, LaunchConfig
 from .hostfile import Host
@@ -46,12 +48,6 @@ PREFLIGHT_TIMEOUT = 60
 START_ATTEMPTS = 3
 #: node states (``sinfo %t``, without the flags after them) that run no step
 GONE_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "npc", "boot")
-
-
-def in_allocation(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether this process runs inside a SLURM allocation (salloc, sbatch)."""
-    environ = os.environ if environ is None else environ
-    return bool(environ.get("SLURM_JOB_ID") and environ.get("SLURM_JOB_NODELIST"))
 
 
 class SlurmError(RuntimeError):
@@ -164,7 +160,7 @@ class SlurmTransport(Transport):
                  environ: Optional[Mapping[str, str]] = None):
         super().__init__(config)
         self.environ = os.environ if environ is None else environ
-        if not in_allocation(self.environ):
+        if not _env.in_slurm_allocation(self.environ):
             raise ConfigError("--launcher slurm: this is not inside a SLURM allocation (no "
                               "SLURM_JOB_ID / SLURM_JOB_NODELIST); run mxlbbsp in an sbatch "
                               "script or under salloc, or choose --launcher local or ssh")

@@ -217,6 +217,12 @@ def hub_relays(env: Optional[Mapping[str, str]] = None) -> int:
     return _int(env, HUB_RELAYS, 0)
 
 
+def in_slurm_allocation(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process runs inside a SLURM allocation (salloc, sbatch): SLURM's
+    SLURM_JOB_ID and SLURM_JOB_NODELIST."""
+    return bool(get(env, "SLURM_JOB_ID") and get(env, "SLURM_JOB_NODELIST"))
+
+
 def preemptible(env: Optional[Mapping[str, str]] = None) -> bool:
     """MXLBBSP_PREEMPTIBLE: this role's SIGTERM is a preemption notice (an elastic job)."""
     return get(env, PREEMPTIBLE) == "1"
