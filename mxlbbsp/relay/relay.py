@@ -48,6 +48,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from typing import List, Optional
@@ -261,6 +262,10 @@ def main() -> int:
     except _env.EnvError as exc:
         raise _env.refuse(exc) from None
     relay = Relay(listen, upstream, _env.token(), _env.host(), workers)
+    if _env.preemptible():
+        # an elastic job's host given notice: serve its workers on until the job is resized
+        # around it (the guard then ends this process with SIGUSR2)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         return asyncio.run(relay.run())
     except ConnectionError as exc:
