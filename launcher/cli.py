@@ -26,6 +26,7 @@ from .config import (
     parse_env,
     parse_ssh_options,
 )
+from .elastic import run_elastic
 from .job import JobFailed, run_job
 
 EXIT_USAGE = 2
@@ -320,6 +321,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         restarts=restarts, host_discovery_script=host_discovery_script,
         min_workers=min_workers, max_workers=max_workers,
         discovery_interval=discovery_interval)
+    if config.elastic:
+        return run_elastic(config)
     return run_job(config)
 
 

@@ -285,7 +285,7 @@ class LaunchConfig:
             if self.num_workers is None and slots > MAX_WORKERS:
                 raise ConfigError(f"-H {self.hostfile}: {slots} slots in all, at most "
                                   f"{MAX_WORKERS} workers; give -n N")
-        else:
+        elif self.host_discovery_script is None:
             given = [flag for flag, value in (
                 ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
                 ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
@@ -382,6 +382,13 @@ class LaunchConfig:
         self._check_checkpoints()
         if self.num_workers is not None:
             self.resolve_slowdown(self.num_workers)
+
+    @property
+    def recovers(self) -> bool:
+        """Whether a failure costs no finished iteration (an elastic job): every worker
+        keeps its last finished iteration's state, which a survivor saves when another
+        fails (mxlbbsp/worker/snapshot.py)."""
+        return bool(self.checkpoint_dir) and self.elastic
 
     @property
     def elastic(self) -> bool:

@@ -133,3 +133,237 @@ class Membership:
 
 def _key(hosts) -> list:
     return sorted((h.name, h.user, h.port, h.slots) for h in hosts)
+
+
+# ---- the job's side: watching a running generation, and the loop of generations ------------
+
+#: the supervision's exit code that means "resized: start the next generation"
+EXIT_RESIZE = -1
+#: how long a graceful resize may wait for its boundary (after that, the newest checkpoint);
+#: also at least this many iteration times
+BOUNDARY_WAIT_S = 120.0
+BOUNDARY_ITERATIONS = 20
+#: how long a survivor may take to save its state after a failure
+SNAPSHOT_WAIT_S = 60.0
+#: after the worker's saved state, how long the coordinator's own may take (its last dones)
+STATE_WAIT_S = 5.0
+#: failures an elastic job recovers from when --restarts does not say
+FAILURES = 5
+
+
+class Note(NamedTuple):
+    """What the next generation says at its first iteration: 'resized 2 -> 3 workers at
+    iteration 120 in 6.1 s (host n3 joined), 0 iterations lost'."""
+
+    verb: str             # resized, restarted
+    before: int
+    after: int
+    iteration: int        # the first iteration of the new generation
+    why: str
+    since: float          # time.monotonic() when the old generation's state was saved
+    lost: int
+
+
+class Watcher:
+    """The elastic part of one generation's supervision (``Supervisor`` calls
+    :meth:`check` every turn, and :meth:`recover` on a failure)."""
+
+    def __init__(self, job, membership: Membership, min_workers: int):
+        self.job = job
+        self.membership = membership
+        self.min_workers = min_workers
+        self.resize: Optional[Change] = None
+        self.below: Optional[str] = None       # the line that ends the job after saving
+        self._asked_at = 0.0
+        self._saved_at: Optional[float] = None
+        self._noticed: set = set()
+        self.saved_iteration: Optional[int] = None
+        self.saved_since: Optional[float] = None
+
+    def _notices(self) -> None:
+        for p in self.job.roles.all:
+            if p.said.preempted_at is not None and p.host not in self._noticed:
+                self._noticed.add(p.host)
+                self.membership.preempted(p.host)
+                self.job.output.say(f"host {p.host} was given notice (SIGTERM): the job "
+                                    "leaves it at the next iteration boundary")
+
+    def check(self, now: float, iteration_s: float) -> Optional[int]:
+        """EXIT_RESIZE once a change of hosts has been saved at a boundary, 2 when the
+        discovery script keeps failing, 1 (after its line) below --min-workers, else None.
+        ``iteration_s``: the job's recent iteration time (how long a boundary may take)."""
+        wait_limit = max(BOUNDARY_WAIT_S, BOUNDARY_ITERATIONS * iteration_s)
+        coord = self.job.coordinator
+        if self.membership.failed:
+            self.job.output.say(f"error: {self.membership.failed}")
+            return 2
+        self._notices()
+        if self.resize is None:
+            if coord.progress().iteration < self.job.first_iteration:
+                return None                 # nobody listens for a request before a step
+            change = self.membership.change(self.job.hosts)
+            if change is None:
+                return None
+            self.resize = change
+            left = slots(change.hosts)
+            if left < self.min_workers:
+                self.below = (f"{left} worker slot(s) left ({change.why}), fewer than "
+                              f"--min-workers {self.min_workers}")
+            coord.request_state(boundary=True)
+            self._asked_at = now
+            return None
+        saved = coord.saved
+        if saved is not None and self._saved_at is None:
+            self._saved_at = now
+        if saved is not None and saved[2] is not None:
+            self.job.output.say(f"warning: {saved[2]}; resizing from the newest checkpoint")
+            return self._done(now)
+        if saved is not None and (coord.state_saved == saved[0]
+                                  or now > self._saved_at + STATE_WAIT_S):
+            self.saved_iteration = saved[0]
+            return self._done(now)
+        if now > self._asked_at + wait_limit:
+            self.job.output.say(f"warning: no iteration boundary within {wait_limit:.0f} s; "
+                                "resizing from the newest checkpoint")
+            return self._done(now)
+        return None
+
+    def _done(self, now: float) -> int:
+        self.saved_since = now
+        if self.below is not None:
+            where = self.job.config.checkpoint_dir
+            self.job.output.say(f"error: {self.below}; the job's state is in {where} "
+                                f"(continue with --resume {where})")
+            return 1
+        return EXIT_RESIZE
+
+    def recover(self, gone, wait: float = SNAPSHOT_WAIT_S) -> None:
+        """A role failed: ask a surviving worker for the state of its last finished
+        iteration and wait for it (at most ``wait`` seconds), so that the next generation
+        starts from there instead of the newest periodic checkpoint."""
+        import time
+        coord = self.job.coordinator
+        if coord is None or coord.progress().iteration < self.job.first_iteration:
+            return
+        rank = coord.request_state(boundary=False, gone=gone)
+        if rank is None:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and coord.saved is None:
+            time.sleep(0.05)
+        saved = coord.saved
+        if saved is None:
+            self.job.output.say(f"warning: worker {rank} did not save its state within "
+                                f"{wait:.0f} s; restarting from the newest checkpoint")
+            return
+        if saved[2] is not None:
+            self.job.output.say(f"warning: {saved[2]}; restarting from the newest checkpoint")
+            return
+        until = min(deadline, time.monotonic() + STATE_WAIT_S)
+        while time.monotonic() < until and coord.state_saved != saved[0]:
+            time.sleep(0.05)                # the coordinator's own state beside it
+        self.saved_iteration = saved[0]
+        self.saved_since = time.monotonic()
+
+
+def _membership(config, say) -> Membership:
+    if config.host_discovery_script is not None:
+        return Membership.from_script(config.host_discovery_script, config.discovery_interval,
+                                      config.max_workers, say)
+    from .slurm import SlurmTransport
+    transport = SlurmTransport(config)
+
+    def poll():
+        hosts = transport.hosts()
+        failed = transport.preflight(hosts)
+        bad = set(failed or ())
+        return [h for h in hosts if h.name not in bad], None
+    return Membership(poll, config.discovery_interval, config.max_workers, say)
+
+
+def run_elastic(config) -> int:
+    """An elastic job to its end: generations of :class:`~.job.Job` on the hosts of the
+    moment, joined by resizes (module docstring); the exit code of the last."""
+    import time
+
+    from .job import NO_RESTART, Job, _finished
+    from .procs import Output
+
+    output = Output(None if config.dry_run else config.log_dir)
+    membership = _membership(config, output.say)
+    low = config.min_workers or 1
+    limit = config.restarts or FAILURES
+    started = time.monotonic()
+    try:
+        hosts = membership.first()
+    except DiscoveryFailed as exc:
+        output.say(f"error: {exc}")
+        return 2
+    deadline = started + config.start_timeout
+    while slots(hosts) < low:
+        if time.monotonic() > deadline:
+            output.say(f"error: {slots(hosts)} worker slot(s) after {config.start_timeout:g} s, "
+                       f"fewer than --min-workers {low}; raise --start-timeout or lower "
+                       "--min-workers")
+            return 1
+        time.sleep(config.discovery_interval)
+        try:
+            hosts = membership.first()
+        except DiscoveryFailed as exc:
+            output.say(f"error: {exc}")
+            return 2
+    membership.start()
+    failures = 0
+    launch_start: Optional[int] = None
+    note: Optional[Note] = None
+    totals = {"resizes": 0, "paused_s": 0.0, "lost": 0}
+    try:
+        while True:
+            config.num_workers = None
+            job = Job(config, output=output, hosts=hosts)
+            if launch_start is None:
+                launch_start = job.launch_start      # the summary counts the launch's
+            job.since, job.launch_start = started, launch_start
+            job.elastic = Watcher(job, membership, low)
+            job.note, job.elastic_totals = note, totals
+            if note is None:
+                done = _finished(job)
+                if done is not None:
+                    return done
+            rc = job.run()
+            watcher = job.elastic
+            if rc == EXIT_RESIZE:
+                after = watcher.resize.hosts
+                note = Note("resized", config.num_workers, slots(after),
+                            (watcher.saved_iteration or 0) + 1, watcher.resize.why,
+                            watcher.saved_since or time.monotonic(), 0)
+                hosts = after
+                continue
+            if rc in NO_RESTART or config.dry_run or job.signal is not None:
+                return rc
+            failures += 1
+            if failures > limit:
+                output.say(f"no restart: {failures - 1} failure(s) recovered from already "
+                           f"(--restarts {limit})")
+                return rc
+            usable = [h for h in membership.hosts() if job.preflight(h) is None]
+            if slots(usable) < low:
+                output.say(f"error: {slots(usable)} worker slot(s) left after the failure, "
+                           f"fewer than --min-workers {low}")
+                return rc
+            latest = _latest(config.checkpoint_dir)
+            resumed = latest + 1 if latest is not None else 0
+            reached = job.coordinator.progress().iteration if job.coordinator else -1
+            note = Note("restarted", config.num_workers, slots(usable), resumed,
+                        job.reason or f"exit code {rc}",
+                        watcher.saved_since or time.monotonic(),
+                        max(0, reached + 1 - resumed))
+            hosts = usable
+    finally:
+        membership.stop()
+
+
+def _latest(directory) -> Optional[int]:
+    from mxlbbsp.core import store
+    path = store.latest(directory) if directory else None
+    return None if path is None else int(store.read_manifest(path)["iteration"])

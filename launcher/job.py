@@ -62,7 +62,7 @@ def choose_transport(config: LaunchConfig,
     allocation, local otherwise. ``hosts``: the hosts left for a restart."""
     name = config.launcher
     if name is None:
-        if config.hostfile is not None:
+        if config.hostfile is not None or config.host_discovery_script is not None:
             name = "ssh"
         elif _env.in_slurm_allocation():
             name = "slurm"
@@ -91,11 +91,18 @@ class Job:
         self.since: Optional[float] = None       # monotonic start of the first attempt
         self.attempt = 0                          # restarts before this attempt
         self.resume_from = config.resume_from()
+        #: an elastic job's (launcher/elastic.py): its watcher, the resize or restart that
+        #: started this generation (said at its first iteration), the whole job's counts
+        self.elastic = None
+        self.note = None
+        self.elastic_totals = None
         #: the first iteration this launch trains (> 0 when it resumed a checkpoint; a
         #: restart keeps its launch's): the summary counts what the launch trained
         self.launch_start = 0
         if self.resume_from:
             self.launch_start = int(_store.read_manifest(self.resume_from)["iteration"]) + 1
+        #: the first iteration this job (one attempt, one generation) trains
+        self.first_iteration = self.launch_start
         self.transport = choose_transport(config, hosts)
         self.hosts = self.transport.hosts()
         n = self.transport.default_workers(self.hosts)

@@ -83,7 +83,8 @@ class RoleProcess:
                  env: Dict[str, str], cwd: str, transport: List[str], output: Output,
                  show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
                  boot: bool = False, cpu_every: Optional[float] = None,
-                 name: Optional[str] = None, sockets: Optional[List[str]] = None):
+                 name: Optional[str] = None, sockets: Optional[List[str]] = None,
+                 preemptible: bool = False):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
         self.transport = transport
@@ -102,6 +103,8 @@ class RoleProcess:
         self.cpu_every = cpu_every
         #: Unix sockets the command creates, which its guard removes once it has ended
         self.sockets = list(sockets or [])
+        #: an elastic job's role: SIGTERM to it is a preemption notice (see guard.py)
+        self.preemptible = preemptible
         #: what its guard, its exit hook and its refusals said (see :mod:`.said`)
         self.said = Said()
         short = role if rank is None else f"{role} {rank}"
@@ -133,6 +136,8 @@ class RoleProcess:
             spec["cpu_every"] = self.cpu_every
         if self.sockets:
             spec["sockets"] = self.sockets
+        if self.preemptible:
+            spec["preemptible"] = True
         return spec
 
     def start(self) -> None:

@@ -55,11 +55,13 @@ def progress_line(elapsed: float, progress, registered: int, num_workers: int,
 
 def summary_lines(elapsed: float, restarts: int, summary: Optional[Mapping],
                   metrics: Optional[str], tensorboard: Optional[str],
-                  launch: Optional[tuple] = None) -> List[str]:
+                  launch: Optional[tuple] = None,
+                  elastic: Optional[Mapping] = None) -> List[str]:
     """The end-of-job lines: "done in ..." and a "note: ..." per diagnosis
     (``metrics.diagnose``). ``summary``: the coordinator's (None: no iterations seen), which
     covers the whole job, its launches before a ``--resume`` included; ``launch``: (the
-    first iteration of this launch, the iterations it trained), said when it resumed."""
+    first iteration of this launch, the iterations it trained), said when it resumed;
+    ``elastic``: an elastic job's resizes and restarts, seconds paused, iterations lost."""
     again = f" (the whole job, {restarts} restart(s))" if restarts else ""
     if not summary:
         return [f"done in {elapsed:.1f} s{again}"]
@@ -72,6 +74,8 @@ def summary_lines(elapsed: float, restarts: int, summary: Optional[Mapping],
             f"warm-up{this}, {summary['samples_per_s']:.1f} samples/s, workers waited "
             f"{100 * summary['wait_share']:.1f}% of the time"
             + (f", compute {100 * share:.0f}% of the iteration" if share == share else "")
+            + (f"; {elastic['resizes']} resize(s) or restart(s), {elastic['paused_s']:.1f} s "
+               f"paused, {elastic['lost']} iteration(s) lost" if elastic else "")
             + (f"; metrics in {metrics}" if metrics else "")
             + (f"; TensorBoard files in {tensorboard}" if tensorboard else ""))
     return [line] + [f"note: {note}" for note in _metrics.diagnose(summary)]

@@ -125,7 +125,7 @@ class RoleBuilder:
                                        len(self.placement.workers)))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
-                                           self.resume_from))
+                                           self.resume_from, cfg.recovers))
             workers.append(self._role("worker", r, host, list(cfg.command), env,
                                       boot=True, watched=True))
         return Roles(scheduler, servers, workers, relays)
@@ -197,7 +197,8 @@ class RoleBuilder:
                            transport or self.transport.guard_argv(host, label), self.output,
                            show_host=self.transport.remote, silence=silence, boot=boot,
                            cpu_every=CPU_EVERY if watched and self.transport.reports_cpu
-                           else None, name=name, sockets=sockets)
+                           else None, name=name, sockets=sockets,
+                           preemptible=self.config.elastic and not local)
         proc.via = self._local if local else self.transport
         proc.hide = proc.via.hide
         return proc

@@ -7,7 +7,8 @@ Three speakers share a role's stdout and stderr with the command:
   follow a partial line of the command's, which had no newline yet, on the same line;
 * the workers' exit hook (``_boot/sitecustomize.py``), on stderr: why the script ended
   (``mxlbbsp-exit-hook: CODE REASON``), or that it ended normally
-  (``mxlbbsp-exit-hook: ended``);
+  (``mxlbbsp-exit-hook: ended``), or that its host was given notice in an elastic job
+  (``mxlbbsp-exit-hook: preempted``, as its guard says ``mxlbbsp guard: preempted``);
 * the library and the guard refusing bad input, on stderr: ``mxlbbsp: error: ...``, held
   back because the launcher's failure line carries it, once.
 
@@ -19,13 +20,15 @@ from __future__ import annotations
 import time
 from typing import Optional, Pattern, Tuple
 
-from .guard import CONTINUED, CPU, EXITED, SIGNALLED, STOPPED
+from .guard import CONTINUED, CPU, EXITED, PREEMPTED, SIGNALLED, STOPPED
 
 #: the line a worker's exit hook writes before it ends (``_boot/sitecustomize.py``, MARKER):
 #: ``<EXIT_MARKER> <code> <the exception's last line>``
 EXIT_MARKER = "mxlbbsp-exit-hook:"
 #: the line a worker's exit hook writes when its script ended normally (``ENDED`` there)
 ENDED_MARKER = EXIT_MARKER + " ended"
+#: the line a worker's exit hook writes on a preemption notice (``PREEMPTED`` there)
+PREEMPTED_MARKER = EXIT_MARKER + " preempted"
 #: how the library (mxlbbsp.core.env.refuse, mxlbbsp.worker.checkpoint) and the guard refuse bad input
 ERROR_PREFIX = "mxlbbsp: error: "
 
@@ -82,6 +85,9 @@ class Said:
         #: its last line on stderr that was shown (over SSH: ssh's own word on a lost
         #: connection, if any)
         self.last_stderr: Optional[str] = None
+        #: time.monotonic() when the role's host was given notice (SIGTERM to its guard or
+        #: its worker, in an elastic job); None: not
+        self.preempted_at: Optional[float] = None
 
     def refusal(self, text: str, to_stderr: bool) -> bool:
         """Whether the line is a refusal (kept, not shown). Asked first: the guard's refusal
@@ -106,16 +112,23 @@ class Said:
             text, signum = _guard_tail(text, SIGNALLED, _exit_code)
             if signum is not None:
                 self.signalled = signum
+            text, notice = _guard_tail(text, PREEMPTED, _state)
+            if notice is not None and self.preempted_at is None:
+                self.preempted_at = time.monotonic()
             text, stop = _guard_tail(text, STOPPED, _state)
             text, cont = _guard_tail(text, CONTINUED, _state)
             if stop is not None or cont is not None:
                 self.stopped = stop is not None
-            said = (seconds, code, signum, stop, cont)
+            said = (seconds, code, signum, notice, stop, cont)
             if not text and any(v is not None for v in said):
                 return None, False
             return text, True
         if text == ENDED_MARKER:
             self.ended_at = time.monotonic()
+            return None, True
+        if text == PREEMPTED_MARKER:
+            if self.preempted_at is None:
+                self.preempted_at = time.monotonic()
             return None, True
         if text.startswith(EXIT_MARKER):
             self.exit_reason = text[len(EXIT_MARKER):].strip().partition(" ")[2]

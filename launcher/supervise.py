@@ -42,6 +42,8 @@ class Supervisor:
         self.output = job.output
         self.started = time.monotonic()
         self.watch = Watch(job.config.stall_timeout, job.floors, self.started)
+        #: an elastic job's watcher (launcher/elastic.py): resizes, and a failure's state
+        self.elastic = getattr(job, "elastic", None)
 
     def run(self) -> int:
         cfg, coord, roles = self.config, self.coordinator, self.roles
@@ -66,8 +68,14 @@ class Supervisor:
             if coord.failure is not None and time.monotonic() > coord.failed_at + 2.0:
                 # e.g. a worker's connection dropped but its process (ssh) has not ended yet
                 self.output.say(f"error: {coord.failure}")
+                self._recover()
                 return 1
             now = time.monotonic()
+            if self.elastic is not None:
+                self._announce(now)
+                code = self.elastic.check(now, coord.progress().iteration_s or 0.0)
+                if code is not None:
+                    return code
             if now >= next_cpu:
                 if coord.registered == 0:
                     # only useful while no iteration can be seen
@@ -122,8 +130,39 @@ class Supervisor:
             log_dir = self.config.log_dir
             self.output.say(f"error: {name} {what}; stopping the other {others} process(es) "
                             f"(its output is above{', and in ' + log_dir if log_dir else ''})")
+            if rc not in (EXIT_CONFIG, 130, 143):
+                self._recover(gone=[p.rank] if p.role == "worker" else [])
             return rc
         return None
+
+    def _recover(self, gone=()) -> None:
+        """A failure in an elastic job (or one with --restarts): a survivor saves the state
+        of its last finished iteration before everything stops."""
+        if self.elastic is not None:
+            ended = [w.rank for w in self.roles.workers if w.poll() not in (None, 0)]
+            self.elastic.recover(list(gone) + ended)
+
+    def _announce(self, now: float) -> None:
+        """The resize or restart that started this generation, at its first iteration."""
+        job = self.job
+        note = getattr(job, "note", None)
+        if note is None or self.coordinator.progress().iteration < job.first_iteration:
+            return
+        job.note = None
+        paused = now - note.since
+        lost = f"{note.lost} iteration(s) lost" + (
+            "; the one in flight trained again" if note.verb == "restarted" else "")
+        self.output.say(f"{note.verb} {note.before} -> {note.after} workers at iteration "
+                        f"{note.iteration} in {paused:.1f} s ({note.why}), {lost}")
+        totals = getattr(job, "elastic_totals", None)
+        if totals is not None:
+            totals["resizes"] += 1
+            totals["paused_s"] += paused
+            totals["lost"] += note.lost
+        self.coordinator.recorder.event({
+            "event": note.verb, "iteration": note.iteration, "time": time.time(),
+            "workers_before": note.before, "workers": note.after, "paused_s": paused,
+            "lost": note.lost, "why": note.why})
 
     def finish(self) -> int:
         """Every worker exited 0: the servers and the scheduler end as soon as the workers
@@ -140,7 +179,8 @@ class Supervisor:
         trained = self.coordinator.progress().iteration + 1 - job.launch_start
         for line in summary_lines(elapsed, job.attempt, self.coordinator.summary(),
                                   self.config.metrics, self.config.tensorboard,
-                                  launch=(job.launch_start, trained)):
+                                  launch=(job.launch_start, trained),
+                                  elastic=getattr(job, "elastic_totals", None)):
             self.output.say(line)
         return 0
 

@@ -167,7 +167,7 @@ class SshTransport(Transport):
 
     def __init__(self, config: LaunchConfig, hosts: Optional[List[Host]] = None):
         super().__init__(config)
-        if config.hostfile is None:
+        if config.hostfile is None and config.host_discovery_script is None and not hosts:
             raise ConfigError("--launcher ssh needs the hosts: give -H/--hostfile PATH")
         self._hosts = hosts
         self.options = ssh.SshOptions(config.ssh_port, config.ssh_identity, config.ssh_options)

@@ -110,6 +110,13 @@ class Coordinator:
         #: iteration -> the relays' predictor states of it, (ranks, state) (checkpoints)
         self._relay_states: Dict[int, list] = {}
         self._byes = np.zeros(n, dtype=bool)             # per rank: it said bye
+        self._lost: set = set()                      # ranks whose connection broke
+        #: the hand-over of an elastic job (request_state): the answer of the worker asked,
+        #: (iteration, checkpoint folder, error), and the iteration whose coordinator state
+        #: is still to be saved beside it
+        self.saved: Optional[tuple] = None
+        self._state_due: Optional[int] = None
+        self.state_saved: Optional[int] = None
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
         self._sizes: Optional[np.ndarray] = None
         self._measured: Optional[tuple] = None       # see `measured`
@@ -165,7 +172,48 @@ class Coordinator:
         if self.speed.load_state_dict(state) and state.get("sizes"):
             self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
 
+    # ---- the hand-over of an elastic job ---------------------------------------------------
+
+    def request_state(self, boundary: bool, gone=()) -> Optional[int]:
+        """Ask one worker for the job's state (from the launcher's thread): rank 0, or the
+        lowest rank still here (``gone``: ranks the launcher saw end); ``boundary``: at the
+        end of its current step, after which it halts (a graceful resize: no worker can then
+        finish another iteration), else at once, the last finished iteration's (a
+        failure). The answer comes as :attr:`saved`. Returns the rank asked (None: none)."""
+        left = [r for r in range(self.config.num_workers)
+                if r not in self._lost and r not in set(gone) and not self._byes[r]]
+        if not left or self._loop is None:
+            return None
+        rank = left[0]
+        self.saved = self.state_saved = self._state_due = None
+        msg = {"type": P.CHECKPOINT, "mode": "boundary" if boundary else "snapshot"}
+        self._loop.call_soon_threadsafe(self.send, rank, msg)
+        return rank
+
+    def _on_saved(self, rank: int, msg: dict) -> None:
+        t = msg.get("iteration")
+        if type(t) is not int:
+            self.saved = (None, None, str(msg.get("error") or "no iteration saved"))
+            return
+        self.saved = (t, msg.get("path"), None)
+        if self._iteration >= t:
+            self._save_state(t)
+        else:
+            self._state_due = t         # once every done of t is in (_finished)
+
+    def _save_state(self, t: int) -> None:
+        cfg = self.config
+        if cfg.checkpoint_dir:
+            try:
+                save_coordinator(cfg.checkpoint_dir, t, self.state_dict())
+            except (OSError, ValueError) as exc:
+                log.warning("could not save the coordinator's state: %s", exc)
+        self.state_saved = t
+
     def _maybe_checkpoint(self, t: int) -> None:
+        if self._state_due == t:
+            self._state_due = None
+            self._save_state(t)
         cfg = self.config
         if cfg.checkpoint_dir and cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0:
             try:
@@ -275,6 +323,8 @@ class Coordinator:
             self._on_log(rank, msg)
         elif kind == P.BYE:
             self._on_bye(rank, msg)
+        elif kind == P.SAVED:
+            self._on_saved(rank, msg)
         elif not self._policy.on_message(rank, msg):
             raise P.ProtocolError(f"unexpected message {kind!r}")
 
@@ -292,6 +342,7 @@ class Coordinator:
             del self._relay_states[old]
 
     def on_lost(self, rank: int) -> None:
+        self._lost.add(rank)
         if not self._byes[rank] and self.failure is None:
             self._fail(f"worker {rank} lost its connection to the coordinator before it "
                        "finished", fatal_for_workers=False)

@@ -33,6 +33,9 @@ from mxlbbsp.core import signals as _signals
 
 log = logging.getLogger(__name__)
 
+#: the tag of an event among the items handed to the writer thread
+EVENT = "event"
+
 #: json.dumps(rec, allow_nan=False), without building an encoder per record
 _encode = json.JSONEncoder(allow_nan=False).encode
 
@@ -197,6 +200,12 @@ class Recorder:
                 log.warning("could not close the TensorBoard files: %s", exc)
             self._tensorboard = None
 
+    def event(self, rec: dict) -> None:
+        """An event of the job (an elastic job's resize: ``{"event": "resized", "iteration",
+        "time", ...}``): a line of its own in the metrics file, in order with the records,
+        and in TensorBoard the job's workers at that iteration."""
+        self._put([(EVENT, dict(rec))])
+
     def _put(self, batch: list) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mxlbbsp-recorder",
@@ -239,16 +248,17 @@ class Recorder:
                 self._queue.task_done()
 
     def _write(self, batch: list) -> None:
-        records = [rec for item in batch for rec in self._records(*item)]
+        events = [item[1] for item in batch if item[0] is EVENT]
+        records = [rec for item in batch if item[0] is not EVENT for rec in self._records(*item)]
         with self._lock:
             add = self.totals.add
             for rec in records:
                 add(rec)
         if self.tensorboard_dir:
-            self._write_tensorboard(records)
-        if not self.metrics_path or self._failed:
+            self._write_tensorboard(records, events)
+        if not self.metrics_path or self._failed or not (records or events):
             return
-        text = "\n".join([_encode(rec) for rec in records]) + "\n"
+        text = "\n".join([_encode(rec) for rec in records + events]) + "\n"
         try:
             if self._file is None:
                 # Opened at the first record, so that a job rejected at registration leaves
@@ -275,7 +285,7 @@ class Recorder:
         except RuntimeError:            # the loop has closed: the job is ending anyway
             self._fail(message, kind=kind)
 
-    def _write_tensorboard(self, records: List[dict]) -> None:
+    def _write_tensorboard(self, records: List[dict], events: List[dict] = ()) -> None:
         """The records' scalars for TensorBoard (--tensorboard): per iteration, each logged
         name as the batch-weighted mean over the workers that logged it (what the report
         plots), and each worker's speed and batch size under ``worker<rank>/``."""
@@ -296,6 +306,12 @@ class Recorder:
             t, r, when = rec["iteration"], rec["rank"], rec["time"]
             w.add_scalar(f"worker{r}/speed", rec["speed"], t, walltime=when)
             w.add_scalar(f"worker{r}/batch_size", rec["batch_size"], t, walltime=when)
+        for ev in events:                  # a resize: the job's workers from then on
+            w.add_scalar("job/workers", ev.get("workers", 0), ev["iteration"],
+                         walltime=ev["time"])
+            w.add_text("job/events", f"{ev['event']} {ev.get('workers_before')} -> "
+                       f"{ev.get('workers')} workers ({ev.get('why', '')})", ev["iteration"],
+                       walltime=ev["time"])
         w.flush()
 
 

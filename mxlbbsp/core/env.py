@@ -115,6 +115,9 @@ DEFAULT_STALL_FLOORS = (300.0, 120.0)
 CHECKPOINT_DIR = "MXLBBSP_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "MXLBBSP_CHECKPOINT_EVERY"
 RESUME = "MXLBBSP_RESUME"
+#: "1": every worker keeps a copy of its last finished iteration's state, so that a
+#: survivor can save it when another worker fails (an elastic job, or --restarts)
+SNAPSHOTS = "MXLBBSP_SNAPSHOTS"
 
 LR_SCALING = "MXLBBSP_LR_SCALING"
 BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
@@ -305,12 +308,20 @@ def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return get(env, RESUME)
 
 
-def checkpoint_env(directory: Optional[str], every: int, resume_from: Optional[str]) -> dict:
+def snapshots(env: Optional[Mapping[str, str]] = None) -> bool:
+    """MXLBBSP_SNAPSHOTS: keep the last finished iteration's state (worker/snapshot.py)."""
+    return get(env, SNAPSHOTS) == "1"
+
+
+def checkpoint_env(directory: Optional[str], every: int, resume_from: Optional[str],
+                   snapshots_: bool = False) -> dict:
     """The MXLBBSP_* checkpoint variables for one worker (empty when not used)."""
     env = {}
     if directory:
         env[CHECKPOINT_DIR] = directory
         env[CHECKPOINT_EVERY] = str(int(every))
+        if snapshots_:
+            env[SNAPSHOTS] = "1"
     if resume_from:
         env[RESUME] = resume_from
     return env

@@ -82,6 +82,26 @@ class MetricsError(ValueError):
     """A malformed metrics file; the message names the line."""
 
 
+def events(path: str) -> List[dict]:
+    """The job's events in a metrics file (an elastic job's resizes and restarts: ``event``,
+    ``iteration``, ``time``, ``workers_before``, ``workers``, ``paused_s``, ``lost``,
+    ``why``), in order; unreadable lines are :func:`load`'s to report."""
+    found = []
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    rec = json.loads(raw)
+                except (ValueError, RecursionError, UnicodeDecodeError):
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("event"), str) \
+                        and isinstance(rec.get("iteration"), int):
+                    found.append(rec)
+    except OSError:
+        return []
+    return found
+
+
 def load(path: str) -> List[dict]:
     """The records of a metrics file, checked for the required fields and their types
     (:data:`CHECKS`); a MetricsError names the file and line."""
@@ -105,6 +125,8 @@ def load(path: str) -> List[dict]:
                 raise MetricsError(f"{path}:{number}: not a JSON object") from None
             if not isinstance(rec, dict):
                 raise MetricsError(f"{path}:{number}: not a JSON object")
+            if "event" in rec:
+                continue                 # a job's event (an elastic resize): events()
             missing = [f for f in REQUIRED if f not in rec]
             if missing:
                 raise MetricsError(f"{path}:{number}: missing field(s) {', '.join(missing)}")

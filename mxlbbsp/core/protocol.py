@@ -57,6 +57,11 @@ HELLO, REPORT, DONE, BYE, LOG = "hello", "report", "done", "bye", "log"
 WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
 REQUEST, GRANT = "request", "grant"
 RELAY = "relay"
+#: an elastic job's hand-over (launcher/elastic.py): the coordinator asks one worker for
+#: the job's state (``mode``: "boundary", at the end of its current step, then it halts;
+#: "snapshot", the last finished iteration's, at once); the worker answers ``saved``
+#: (``iteration`` and ``path``, or ``error``)
+CHECKPOINT, SAVED = "checkpoint", "saved"
 
 #: a TCP address (host, port), or a Unix socket's path ("\0NAME": the abstract namespace)
 Address = Union[Tuple[str, int], str]

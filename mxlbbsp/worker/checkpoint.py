@@ -29,12 +29,24 @@ def save_trainer(trainer, directory: str, final: bool = False) -> str:
     if sess is None or sess.iteration < 0:
         raise CheckpointError("save_checkpoint() needs at least one trainer.step() on batches "
                               "from an mxlbbsp.DataLoader")
+    check_saveable(trainer)
+    arrays = {f"p{i}": p.data().asnumpy() for i, p in enumerate(trainer._params)}
+    return write_state(directory, sess, trainer._params, sess.iteration, arrays,
+                       trainer._updaters[0].get_states(dump_optimizer=True), final)
+
+
+def check_saveable(trainer) -> None:
     if trainer._kvstore is not None and trainer._update_on_kvstore:
         raise CheckpointError("checkpoints need the optimizer on the workers "
                               "(update_on_kvstore=False); --sync asp updates on the servers")
-    t = sess.iteration
+
+
+def write_state(directory: str, sess, params, t: int, arrays: dict, optimizer: bytes,
+                final: bool = False) -> str:
+    """A checkpoint of the state after iteration ``t``: ``arrays`` (``p<i>``: the value of
+    the trainer's i-th parameter), ``optimizer`` (MXNet's Updater states with the
+    optimizer, pickled), the loader's position from the session."""
     length = getattr(sess, "epoch_length", None)
-    arrays = {f"p{i}": p.data().asnumpy() for i, p in enumerate(trainer._params)}
     manifest = {
         "global_batch_size": sess.global_batch_size,
         "dataset_size": getattr(sess, "dataset_size", None),
@@ -43,16 +55,16 @@ def save_trainer(trainer, directory: str, final: bool = False) -> str:
         "index_in_epoch": (t + 1) % length if length else None,
         "num_workers": sess.num_workers,
         "sync": sess.sync,
-        "params": _signature(trainer._params),
+        "params": _signature(params),
     }
     if final:
         manifest["final"] = True
+
     def write_params(path):
         with open(path, "wb") as f:
             np.savez(f, **arrays)
 
-    files = {"params.npz": write_params,
-             "optimizer.pkl": trainer._updaters[0].get_states(dump_optimizer=True)}
+    files = {"params.npz": write_params, "optimizer.pkl": optimizer}
     return write_checkpoint(directory, t, files, manifest)
 
 

@@ -299,6 +299,11 @@ class Session:
                 self._check_going()
                 self._cond.wait(1.0)
 
+    def halt(self) -> None:
+        """Wait here until the job ends under this worker (an elastic job's hand-over: the
+        launcher stops every process once the state is saved); raises as wait_until."""
+        self.wait_until(lambda: False)
+
     def send(self, msg: dict) -> None:
         """One protocol message to the coordinator (nothing outside a job)."""
         if self._sock is None:

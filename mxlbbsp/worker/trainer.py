@@ -50,6 +50,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import weakref
 from typing import Optional
 
 from mxnet import gluon, nd
@@ -57,10 +58,12 @@ from mxnet import gluon, nd
 from mxlbbsp import modes as _modes
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import lr as _lr
+from mxlbbsp.core import protocol as P
 from mxlbbsp.core import store as _store
 from mxlbbsp.worker import checkpoint as _ckpt
 from mxlbbsp.worker import loss_head as _loss
 from mxlbbsp.worker import session as _session
+from mxlbbsp.worker import snapshot as _snapshot
 from mxlbbsp.worker.batchnorm import RunningStats
 
 log = logging.getLogger(__name__)
@@ -108,6 +111,11 @@ class Trainer(gluon.Trainer):
         self._head = _loss.watch(_local_batch)
         self._mean_loss = False               # this step's loss is a mean: scale by b_i
         self._mean_noted = False
+        # an elastic job's hand-over (mxlbbsp.worker.snapshot): the last finished iteration
+        # kept for a survivor to save, and a boundary the coordinator asked for
+        self._keeper = None
+        self._boundary = False
+        self._handover = False                # listening for the coordinator's request
         resume = _env.resume()
         if resume is not None:
 
@@ -425,6 +433,48 @@ class Trainer(gluon.Trainer):
                     (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
                 with sess.untimed():
                     self.save_checkpoint(self._ckpt_dir)
+            if self._ckpt_dir and sess.coordinated:
+                self._hand_over(sess)
+
+    def _hand_over(self, sess) -> None:
+        """After a step, in a job that checkpoints: keep this iteration's state (with
+        MXLBBSP_SNAPSHOTS), and save it and halt when the coordinator asked for a boundary."""
+        if not self._handover:
+            # weakly: the session lives to the interpreter's teardown, and a trainer (its
+            # kvstore) freed only then aborts in ps-lite's finalize
+            handler = weakref.WeakMethod(self._on_checkpoint_request)
+            sess.on(P.CHECKPOINT, lambda msg: (handler() or _ignore)(msg))
+            self._handover = True
+        if _env.snapshots():
+            if self._keeper is None:
+                self._keeper = _snapshot.Keeper()
+            self._keeper.keep(self, sess.iteration)
+        if self._boundary:
+            self._boundary = False
+            with sess.untimed():
+                try:
+                    path = self.save_checkpoint(self._ckpt_dir)
+                except (OSError, _store.CheckpointError) as exc:
+                    sess.send({"type": P.SAVED, "error": f"rank {sess.rank}: {exc}"})
+                    raise
+                sess.send({"type": P.SAVED, "iteration": sess.iteration, "path": path})
+                sess.halt()
+
+    def _on_checkpoint_request(self, msg: dict) -> None:
+        """The coordinator's request (on the session's thread): a boundary is saved by the
+        main thread at the end of its step; a snapshot, the kept state, at once."""
+        if msg.get("mode") == "boundary":
+            self._boundary = True
+            return
+        sess = _session.current()
+        try:
+            if self._keeper is None:
+                raise _store.CheckpointError("no iteration kept (MXLBBSP_SNAPSHOTS is off)")
+            t, path = self._keeper.write(self, self._ckpt_dir, sess)
+        except (OSError, _store.CheckpointError) as exc:
+            sess.send({"type": P.SAVED, "error": f"rank {sess.rank}: {exc}"})
+            return
+        sess.send({"type": P.SAVED, "iteration": t, "path": path})
 
     def grad_sqr(self) -> float:
         """|gradient|^2 over every trained parameter (float64 sum of float32 squares; one
@@ -461,6 +511,10 @@ class Trainer(gluon.Trainer):
         """
 
         return _ckpt.save_trainer(self, directory)
+
+
+def _ignore(msg: dict) -> None:
+    """A request that came after the trainer was freed."""
 
 
 def _local_batch() -> int:

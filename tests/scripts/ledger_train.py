@@ -66,16 +66,19 @@ for epoch in range(args.epochs):
             if args.loss == "mean":
                 loss = loss.mean()
         loss.backward()
+        # before the step: a worker may end inside it (an elastic job's hand-over halts
+        # there) after its iteration counted; a line of an iteration never finished is
+        # written again by the launch that trains it (the later launch's lines win)
+        ledger.write(json.dumps({"iteration": t, "rank": rank, "workers": mxlbbsp.num_workers(),
+                                 "launch": launch, "time": time.time(),
+                                 "indices": [int(i) for i in index.asnumpy()]}) + "\n")
+        ledger.flush()
         if args.step == "one":
             trainer.step(1)
         elif args.step == "n":
             trainer.step(x.shape[0])
         else:
             trainer.step()
-        ledger.write(json.dumps({"iteration": t, "rank": rank, "workers": mxlbbsp.num_workers(),
-                                 "launch": launch, "time": time.time(),
-                                 "indices": [int(i) for i in index.asnumpy()]}) + "\n")
-        ledger.flush()
         t += 1
 net.save_parameters(os.path.join(args.out, f"rank{rank}.params"))
 print(f"finished at iteration {t}")
