@@ -102,6 +102,8 @@ class Membership:
         if problem is not None and problem != self._last_problem:
             self._say(f"warning: {problem}; keeping the hosts it listed before")
         self._last_problem = problem
+        if problem is not None:
+            return                           # the last good answer stands
         with self._lock:
             self._latest = list(hosts)
             names = {h.name for h in hosts}
@@ -137,8 +139,10 @@ def _key(hosts) -> list:
 
 # ---- the job's side: watching a running generation, and the loop of generations ------------
 
-#: the supervision's exit code that means "resized: start the next generation"
+#: the supervision's exit codes that mean "resized: start the next generation", and "fewer
+#: hosts than --min-workers: the state is saved, the job ends" (exit 1, said once)
 EXIT_RESIZE = -1
+EXIT_BELOW = -2
 #: how long a graceful resize may wait for its boundary (after that, the newest checkpoint);
 #: also at least this many iteration times
 BOUNDARY_WAIT_S = 120.0
@@ -234,7 +238,7 @@ class Watcher:
             where = self.job.config.checkpoint_dir
             self.job.output.say(f"error: {self.below}; the job's state is in {where} "
                                 f"(continue with --resume {where})")
-            return 1
+            return EXIT_BELOW
         return EXIT_RESIZE
 
     def recover(self, gone, wait: float = SNAPSHOT_WAIT_S) -> None:
@@ -270,14 +274,17 @@ def _membership(config, say) -> Membership:
     if config.host_discovery_script is not None:
         return Membership.from_script(config.host_discovery_script, config.discovery_interval,
                                       config.max_workers, say)
-    from .slurm import SlurmTransport
-    transport = SlurmTransport(config)
+    from . import slurm
+    hosts = slurm.SlurmTransport(config).hosts()     # the allocation's nodes and slots
 
     def poll():
-        hosts = transport.hosts()
-        failed = transport.preflight(hosts)
-        bad = set(failed or ())
-        return [h for h in hosts if h.name not in bad], None
+        """The allocation's nodes that sinfo does not call drained, down or silent (a node
+        new to the job gets the full pre-flight, a step, when the next generation starts)."""
+        try:
+            states = slurm.node_states([h.name for h in hosts])
+        except slurm.SlurmError as exc:
+            return [], f"sinfo failed ({exc})"
+        return [h for h in hosts if not slurm.gone(states.get(h.name, ""))], None
     return Membership(poll, config.discovery_interval, config.max_workers, say)
 
 
@@ -314,9 +321,10 @@ def run_elastic(config) -> int:
             return 2
     membership.start()
     failures = 0
+    checked: set = set()
     launch_start: Optional[int] = None
     note: Optional[Note] = None
-    totals = {"resizes": 0, "paused_s": 0.0, "lost": 0}
+    totals = {"resizes": 0, "restarts": 0, "paused_s": 0.0, "lost": 0}
     try:
         while True:
             config.num_workers = None
@@ -324,6 +332,7 @@ def run_elastic(config) -> int:
             if launch_start is None:
                 launch_start = job.launch_start      # the summary counts the launch's
             job.since, job.launch_start = started, launch_start
+            job.checked_hosts = checked
             job.elastic = Watcher(job, membership, low)
             job.note, job.elastic_totals = note, totals
             if note is None:
@@ -332,6 +341,7 @@ def run_elastic(config) -> int:
                     return done
             rc = job.run()
             watcher = job.elastic
+            checked = {h.name for h in hosts}
             if rc == EXIT_RESIZE:
                 after = watcher.resize.hosts
                 note = Note("resized", config.num_workers, slots(after),
@@ -339,6 +349,8 @@ def run_elastic(config) -> int:
                             watcher.saved_since or time.monotonic(), 0)
                 hosts = after
                 continue
+            if rc == EXIT_BELOW:
+                return 1
             if rc in NO_RESTART or config.dry_run or job.signal is not None:
                 return rc
             failures += 1
@@ -347,6 +359,7 @@ def run_elastic(config) -> int:
                            f"(--restarts {limit})")
                 return rc
             usable = [h for h in membership.hosts() if job.preflight(h) is None]
+            checked = {h.name for h in usable}
             if slots(usable) < low:
                 output.say(f"error: {slots(usable)} worker slot(s) left after the failure, "
                            f"fewer than --min-workers {low}")

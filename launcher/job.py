@@ -96,6 +96,9 @@ class Job:
         self.elastic = None
         self.note = None
         self.elastic_totals = None
+        #: hosts that passed the pre-flight a moment ago (an elastic job's previous
+        #: generation ran on them): not checked again
+        self.checked_hosts: set = set()
         #: the first iteration this launch trains (> 0 when it resumed a checkpoint; a
         #: restart keeps its launch's): the summary counts what the launch trained
         self.launch_start = 0
@@ -164,7 +167,8 @@ class Job:
             raise ConfigError(NO_MXNET)      # the scheduler and the servers need it here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            failed = self.transport.preflight(self.hosts)
+            fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
+            failed = self.transport.preflight(fresh) if fresh else None
             if failed:
                 raise JobFailed(self.transport.preflight_failed(failed, self.hosts))
             if self.signal is not None:

@@ -74,8 +74,9 @@ def summary_lines(elapsed: float, restarts: int, summary: Optional[Mapping],
             f"warm-up{this}, {summary['samples_per_s']:.1f} samples/s, workers waited "
             f"{100 * summary['wait_share']:.1f}% of the time"
             + (f", compute {100 * share:.0f}% of the iteration" if share == share else "")
-            + (f"; {elastic['resizes']} resize(s) or restart(s), {elastic['paused_s']:.1f} s "
-               f"paused, {elastic['lost']} iteration(s) lost" if elastic else "")
+            + (f"; {elastic['resizes']} resize(s), {elastic['restarts']} restart(s), "
+               f"{elastic['paused_s']:.1f} s paused, {elastic['lost']} iteration(s) lost"
+               if elastic else "")
             + (f"; metrics in {metrics}" if metrics else "")
             + (f"; TensorBoard files in {tensorboard}" if tensorboard else ""))
     return [line] + [f"note: {note}" for note in _metrics.diagnose(summary)]

@@ -50,6 +50,12 @@ START_ATTEMPTS = 3
 GONE_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "npc", "boot")
 
 
+def gone(state: str) -> bool:
+    """Whether a node in ``sinfo``'s state ``state`` runs no step (drained, down, not
+    responding: ``*``)."""
+    return state.rstrip("*~#!%$@^-+").lower() in GONE_STATES or state.endswith("*")
+
+
 class SlurmError(RuntimeError):
     """A SLURM client command failed (not bad input)."""
 
@@ -247,7 +253,7 @@ class SlurmTransport(Transport):
             state = node_states([host.name]).get(host.name, "")
         except SlurmError as exc:
             return f"{host.name}: {exc}"
-        if state.rstrip("*~#!%$@^-+").lower() in GONE_STATES or state.endswith("*"):
+        if gone(state):
             return f"{host.name}: node state {state!r} (sinfo)"
         probe = self.step_argv(host, "check", [self.python(host), *GUARD, "--check",
                                                 self.config.cwd])

@@ -156,7 +156,7 @@ class Supervisor:
                         f"{note.iteration} in {paused:.1f} s ({note.why}), {lost}")
         totals = getattr(job, "elastic_totals", None)
         if totals is not None:
-            totals["resizes"] += 1
+            totals["resizes" if note.verb == "resized" else "restarts"] += 1
             totals["paused_s"] += paused
             totals["lost"] += note.lost
         self.coordinator.recorder.event({

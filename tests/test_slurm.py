@@ -348,3 +348,49 @@ def test_launcher_and_its_sruns_killed_leave_nothing(cluster):
         if proc.poll() is None:
             proc.kill()
         proc.wait(30)
+
+
+def test_an_elastic_job_shrinks_off_a_drained_node_without_a_restart(cluster, tmp_path):
+    """--min-workers inside an allocation makes the job elastic over its nodes: n2 drained
+    mid-job, the job saves at an iteration boundary and goes on on n1 alone, no iteration
+    lost (no restart from a periodic checkpoint), and ends with the independent reference's
+    parameters."""
+    from reference import difference
+    marker = uuid.uuid4().hex
+    job = tmp_path / "job"
+    job.mkdir()
+    script = ROOT / "tests" / "scripts" / "ledger_train.py"
+    argv = salloc_argv(["-N", 2, "-n", 2, "--overcommit"],
+                       ["launch", "--min-workers", 1, "--discovery-interval", 1,
+                        "--checkpoint-dir", tmp_path / "ckpt", "--emulate-compute", 0.5,
+                        "--metrics", job / "m.jsonl", "--", PY, script, job, "--samples",
+                        4000, "--epochs", 2], marker)
+    proc = subprocess.Popen(argv, env=job_env(cluster, marker), cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (job / "m.jsonl").exists() or len((job / "m.jsonl").read_text()
+                                                      .splitlines()) < 20:
+            assert proc.poll() is None and time.monotonic() < deadline, "no iterations"
+            time.sleep(0.1)
+        cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=mxlbbsp-test")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
+    assert proc.returncode == 0, out + err
+    assert re.search(r"resized 2 -> 1 workers at iteration \d+ in [\d.]+ s \(host n2 left\), "
+                     r"0 iteration\(s\) lost", err), err
+    assert "1 resize(s), 0 restart(s)" in err and "restarted" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("step left:")] == [], err
+    ref = subprocess.run([PY, str(ROOT / "tests" / "reference.py"), str(job),
+                          str(job / "ref.params"), "--samples", "4000", "--metrics",
+                          str(job / "m.jsonl")], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+    assert difference(mx.nd.load(str(job / "rank0.params")),
+                      mx.nd.load(str(job / "ref.params"))) <= 1e-4
+    assert wait_no_leftovers(marker) == []
