@@ -124,6 +124,21 @@ def _xlabel(run: Run, start: int = 0) -> str:
     return text
 
 
+def _mark_events(axes, run: Run) -> None:
+    """A dashed line at each of the job's events on every axis of iterations (an elastic
+    job's resizes and restarts: ``2 -> 3``), labelled on the first."""
+    events = getattr(run, "events", None) or []
+    for i, ax in enumerate(axes):
+        for ev in events:
+            ax.axvline(ev["iteration"] - 0.5, color="#444444", lw=1.0, ls="--", alpha=0.7,
+                       zorder=0)
+            if i == 0:
+                ax.annotate(f"{ev.get('workers_before', '?')} -> {ev.get('workers', '?')}",
+                            xy=(ev["iteration"] - 0.5, 1.0), xycoords=("data", "axes fraction"),
+                            xytext=(3, -10), textcoords="offset points", fontsize=8,
+                            color="#444444")
+
+
 def _int_xaxis(ax) -> None:
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -24,6 +24,7 @@ from mxlbbsp.analysis.plotkit import (
     _label_ends,
     _lines,
     _log_ticks,
+    _mark_events,
     _marker,
     _mpl,
     _overlapping,
@@ -86,6 +87,7 @@ def plot_batch(run: Run, path: str) -> str:
             last = ax2
         last.set_xlabel(_xlabel(run))
         _int_xaxis(last)
+        _mark_events([ax] + ([ax2] if ax2 is not None else []), run)
         fig.suptitle(_title_of(run))
         _fig_legend(fig, run)
         return _save(fig, path)
@@ -155,6 +157,7 @@ def plot_goodput(run: Run, path: str) -> str:
                       loc="left", fontsize=9.5)
         ax3.set_xlabel(_xlabel(run))
         _int_xaxis(ax3)
+        _mark_events(fig.axes, run)
         fig.suptitle(_title_of(run))
         return _save(fig, path)
 
@@ -222,6 +225,7 @@ def plot_plan(run: Run, path: str) -> str:
                       loc="left", fontsize=9.5)
         ax3.set_xlabel(_xlabel(run))
         _int_xaxis(ax3)
+        _mark_events(fig.axes, run)
         fig.suptitle(_title_of(run))
         return _save(fig, path)
 
@@ -258,6 +262,7 @@ def plot_time(run: Run, path: str) -> str:
             axw.set_yticks([])
         axw.set_xlabel(_xlabel(run, start))
         _int_xaxis(axw)
+        _mark_events([axc, axw], run)
 
         # Per worker: mean compute + mean wait = where its iteration time goes.
         per = run.summary["per_rank"]
@@ -349,6 +354,7 @@ def plot_speed(run: Run, path: str) -> str:
         ax.set_ylabel("speed (samples/s" + (", log scale)" if logy else ")"))
         ax.set_xlabel(_xlabel(run, start))
         _int_xaxis(ax)
+        _mark_events([ax], run)
         if has_pred:
             ax.set_title("Measured speed (solid) and the forecast made one iteration earlier "
                          "(dashed)", loc="left")

@@ -62,6 +62,8 @@ class Run:
     label: str = ""
     #: (iteration, {name: value}, wall time) of the logged values (metrics.combine_scalars)
     curves: list = dataclasses.field(default_factory=list)
+    #: the job's events (an elastic job's resizes and restarts: metrics.events)
+    events: list = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -148,7 +150,8 @@ def load_run(path: str, warmup: int = 1) -> Run:
     first = records[0]
     return Run(path=path, records=records, sync=str(first["sync"]),
                predictor=str(first.get("predictor") or "?"), series=series,
-               summary=summary, skip=skip, curves=metrics.combine_scalars(records))
+               summary=summary, skip=skip, curves=metrics.combine_scalars(records),
+               events=metrics.events(path))
 
 
 def _label_runs(runs: Sequence[Run]) -> None:
