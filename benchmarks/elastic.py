@@ -1,0 +1,159 @@
+"""What elastic membership costs: per iteration, and per resize.
+
+* ``cost``: what keeping the last finished iteration's state costs every iteration (the
+  copies that let a survivor save it when another worker fails, mxlbbsp/worker/snapshot.py),
+  side by side with it off: ResNet-20 at 1:3 (2 workers, one emulated 3x slower), rounds
+  interleaved, the ratio of samples/s (the issue's bar: at most 2 % off);
+* ``pause``: how long a resize stops training, at n workers on loopback (n hosts
+  127.0.0.1..n of a private sshd, one slot each, and one more that joins and leaves through
+  the discovery script): from the old job's state saved to the new job's first iteration,
+  for a grow n -> n+1 and a shrink back, as the launcher's ``resized`` lines say.
+
+    python benchmarks/elastic.py                  # cost 3 rounds x 60 iterations, pause at 2, 4, 8
+    python benchmarks/elastic.py --quick          # cost 1 round x 30, pause at 2
+"""
+import argparse
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common as C
+import _suite
+
+LEDGER = C.ROOT / "tests" / "scripts" / "ledger_train.py"
+RESIZED = re.compile(r"resized (\d+) -> (\d+) workers at iteration (\d+) in ([\d.]+) s")
+PROGRESS = re.compile(r"\[mxlbbsp\] [\d.]+ s: iteration (\d+),")
+
+
+def cost(rounds: int, iterations: int, batch: int) -> dict:
+    train = ["--model", "resnet20", "--data", "synthetic", "--samples", "8192",
+             "--batch-size", str(batch), "--epochs", "100", "--iterations", str(iterations),
+             "--log-interval", "0"]
+    arms = {"off": [], "on": ["--env", "MXLBBSP_SNAPSHOTS=1"]}
+    runs = {a: [] for a in arms}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                C.progress(f"cost round {r + 1}/{rounds}: snapshots {arm}")
+                ckpt = Path(tmp) / f"ck-{arm}-{r}"
+                s = C.launch(2, train, Path(tmp) / f"{arm}-{r}.jsonl",
+                             launch_args=["--emulate-slowdown", "1,3", "--checkpoint-dir", ckpt,
+                                          "--checkpoint-every", str(10 ** 6), *arms[arm]])
+                runs[arm].append(s["samples_per_s"])
+                C.progress(f"  {s['samples_per_s']:.1f} samples/s")
+    ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
+    return {"off": runs["off"], "on": runs["on"], "ratios": ratios,
+            "ratio": C.median(ratios), "iterations": iterations, "batch": batch}
+
+
+def _discovery(folder: Path) -> tuple:
+    listing = folder / "hosts.txt"
+    script = folder / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return listing, script
+
+
+def pause(n: int, folder: Path, sshd_options) -> dict:
+    """One job on n hosts; host n+1 joins at iteration 20 and leaves 20 iterations after."""
+    hosts = [f"127.0.0.{i}" for i in range(1, n + 2)]
+    listing, script = _discovery(folder)
+    listing.write_text("".join(f"{h}:1\n" for h in hosts[:n]))
+    job = folder / "job"
+    job.mkdir()
+    argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "--host-discovery-script", str(script),
+            "--discovery-interval", "0.5", *map(str, sshd_options), "--checkpoint-dir",
+            str(folder / "ck"), "--progress", "1", "--emulate-compute", "0.5", "--",
+            C.PY, str(LEDGER), str(job), "--samples", "100000", "--epochs", "1",
+            "--batch-size", str(16 * (n + 1))]
+    proc = subprocess.Popen(argv, cwd=C.ROOT, env=C.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines, found = [], []
+    stage, target = 0, 20
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            m = PROGRESS.search(line)
+            if m and int(m.group(1)) >= target and stage in (0, 2):
+                listing.write_text("".join(f"{h}:1\n" for h in hosts[:n + (stage == 0)]))
+                stage += 1
+            m = RESIZED.search(line)
+            if m:
+                found.append({"from": int(m.group(1)), "to": int(m.group(2)),
+                              "pause_s": float(m.group(4))})
+                stage, target = stage + 1, int(m.group(3)) + 20
+                if len(found) == 2:
+                    break
+    finally:
+        proc.kill()
+        proc.wait()
+    if len(found) < 2:
+        sys.stderr.write("".join(lines[-40:]))
+        raise SystemExit(f"pause at {n} workers: {len(found)} resize(s) seen, not 2")
+    return {"workers": n, "grow_s": found[0]["pause_s"], "shrink_s": found[1]["pause_s"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--sizes", default=None, help="workers before a resize, e.g. 2,4,8")
+    C.add_smoke(p)
+    args = p.parse_args()
+    batch = 128
+    if C.smoke(args):
+        args.quick, args.rounds, args.iterations, batch = True, 1, 7, 16
+    rounds = args.rounds or (1 if args.quick else 3)
+    iterations = args.iterations or (30 if args.quick else 60)
+    sizes = [int(x) for x in (args.sizes or ("2" if args.quick else "2,4,8")).split(",")]
+    load = _suite.load()
+    c = cost(rounds, iterations, batch)
+    pauses = []
+    sys.path.insert(0, str(C.ROOT / "tests"))
+    from sshd import Sshd, ensure_installed      # the tests' private sshd
+    why = ensure_installed()
+    if why:
+        C.progress(f"no resize pauses: no sshd ({why})")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            server = Sshd(Path(tmp) / "sshd", addresses=[f"127.0.0.{i}" for i in
+                                                        range(1, max(sizes) + 2)])
+            (Path(tmp) / "sshd").mkdir()
+            server.start()
+            try:
+                for n in sizes:
+                    C.progress(f"pause: {n} -> {n + 1} -> {n} workers")
+                    folder = Path(tmp) / f"pause-{n}"
+                    folder.mkdir()
+                    pauses.append(pause(n, folder, server.launch_options()))
+                    C.progress(f"  grow {pauses[-1]['grow_s']:.1f} s, shrink "
+                               f"{pauses[-1]['shrink_s']:.1f} s")
+                    time.sleep(1)
+            finally:
+                server.stop()
+    rows = ["| per iteration: snapshots off | on | on / off | per round |", "|---|---|---|---|",
+            f"| {C.median(c['off']):.1f} samples/s | {C.median(c['on']):.1f} samples/s | "
+            f"**{c['ratio']:.3f}x** | {', '.join(f'{x:.3f}' for x in c['ratios'])} |"]
+    table = (f"ResNet-20 (cifar_resnet20_v1), synthetic data, global batch {batch}, 2 workers "
+             f"at 1:3 + 1 server, {iterations} iterations per run (first 5 left out), {rounds} "
+             "round(s) interleaved; snapshots on: every worker copies its state at the end of "
+             "each step (what an elastic job does).\n\n" + "\n".join(rows))
+    if pauses:
+        table += ("\n\n| workers | pause of a grow n -> n+1 | of a shrink n+1 -> n |\n"
+                  "|---|---|---|\n" + "\n".join(
+                      f"| {r['workers']} | {r['grow_s']:.1f} s | {r['shrink_s']:.1f} s |"
+                      for r in pauses)
+                  + "\n\nPause: from the old job's state saved at the boundary to the new "
+                  "job's first iteration (the launcher's `resized` line), over a private sshd "
+                  f"on 127.0.0.1-k, the tiny ledger MLP; load average {load:.1f} at the start.")
+    C.write("elastic" + ("_quick" if args.quick and not C.SMOKE else ""),
+            {"cost": c, "pauses": pauses, "load_at_start": load}, table)
+
+
+if __name__ == "__main__":
+    main()
