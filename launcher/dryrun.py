@@ -31,7 +31,7 @@ def describe(config: LaunchConfig, transport: _transport.Transport, hosts: Seque
               _env.COORDINATOR: f"{bind}:<free port>"}
     # a hub's port, which a run chooses again: its relays' coordinator and its own address
     hubs = {p.env[_env.RELAY]: f"{bind}:<hub {p.rank} port>"
-            for p in roles.relays if p.role == "hub"}
+            for p in roles.hubs}
     for p in roles.all:
         shown = {k: hubs.get(v) or (v if v.startswith("unix:")      # a relay's socket
                                     else chosen.get(k, v))
@@ -43,5 +43,5 @@ def describe(config: LaunchConfig, transport: _transport.Transport, hosts: Seque
         lines.append(f"{p.role:<10} {rank:<5} {where:<20} {shlex.join(p.argv)}")
         lines.append(f"{'':<10} {'':<5} {'':<20}   env: {env_text}")
         if p.via.remote:
-            lines.append(f"{'':<10} {'':<5} {'':<20}   via: {shlex.join(p.transport)}")
+            lines.append(f"{'':<10} {'':<5} {'':<20}   via: {shlex.join(p.guard_argv)}")
     return "\n".join(lines)

@@ -212,8 +212,7 @@ class Job:
         if self._keepalive:
             threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
                              name="heartbeat", daemon=True).start()
-        hubs = sum(p.role == "hub" for p in self.roles.relays)
-        relays = len(self.roles.relays) - hubs
+        hubs, relays = len(self.roles.hubs), len(self.roles.relays)
         self.output.say(f"started {len(self.roles.workers)} worker(s)"
                         + (f", {relays} relay(s)" if relays else "")
                         + (f" through {hubs} hub(s)" if hubs else "")
@@ -232,7 +231,7 @@ class Job:
             self.roles = self.builder.build(self.bind, port, coord_addr)
             scheduler = self.roles.scheduler
             scheduler.start()
-            others = self.roles.servers + self.roles.relays + self.roles.workers
+            others = self.roles.started_after_the_scheduler
             for p in others:
                 p.start()
             deadline = time.monotonic() + 30
@@ -268,7 +267,7 @@ class Job:
     def _heartbeat(self, interval: float) -> None:
         """Until the teardown: an empty line to every remote guard every ``interval`` s."""
         while not self._stopped.wait(interval):
-            for p in self.roles.servers + self.roles.relays + self.roles.workers:
+            for p in self.roles.started_after_the_scheduler:
                 p.beat()
 
     def _teardown(self) -> None:

@@ -1,8 +1,8 @@
 """The processes of a job: each one a guard (see :mod:`.guard`), reached locally, over SSH or
 with srun.
 
-A :class:`RoleProcess` is one role (scheduler, server r, worker r) on one host. Its transport
-is the argv that starts a guard there (:mod:`.transport`): ``python -m mxlbbsp.launcher.guard``
+A :class:`RoleProcess` is one role (scheduler, server r, worker r) on one host. Its
+``guard_argv`` starts a guard there (from the job's :mod:`.transport`): ``python -m mxlbbsp.launcher.guard``
 on this machine, ``ssh ... host <python> -m mxlbbsp.launcher.guard`` on another (:mod:`.ssh`),
 or ``srun ... --nodelist=node <python> -m mxlbbsp.launcher.guard`` in a SLURM allocation
 (:mod:`.slurm`). Either way
@@ -80,14 +80,15 @@ class RoleProcess:
     """One role of the job on one host, run by a guard."""
 
     def __init__(self, role: str, rank: Optional[int], host: str, argv: List[str],
-                 env: Dict[str, str], cwd: str, transport: List[str], output: Output,
+                 env: Dict[str, str], cwd: str, guard_argv: List[str], output: Output,
                  show_host: bool = False, grace: float = 3.0, silence: Optional[float] = None,
                  boot: bool = False, cpu_every: Optional[float] = None,
                  name: Optional[str] = None, sockets: Optional[List[str]] = None,
                  preemptible: bool = False):
         self.role, self.rank, self.host = role, rank, host
         self.argv, self.env, self.cwd = argv, env, cwd
-        self.transport = transport
+        #: the command that starts this role's guard on its host (locally, ssh, srun)
+        self.guard_argv = guard_argv
         #: the job's transport object that settles this process's end (roles.py sets it)
         self.via = None
         #: the transport's own lines on stderr that the launcher's failure line says better
@@ -149,7 +150,7 @@ class RoleProcess:
         self.attempts += 1
         with self._early_lock:
             self._early = []
-        self.proc = subprocess.Popen(self.transport, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(self.guard_argv, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
         self.started_at = time.monotonic()
@@ -241,7 +242,7 @@ class RoleProcess:
         """psutil processes of this role on this machine (the command and its children),
         [] for a role over SSH or one that ended: the guard's descendants."""
         if self.proc is None or self.proc.poll() is not None or \
-                self.transport != local_transport():
+                self.guard_argv != local_transport():
             return []
         import psutil
         try:

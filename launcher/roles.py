@@ -55,13 +55,20 @@ class Roles:
     scheduler: RoleProcess
     servers: List[RoleProcess]
     workers: List[RoleProcess]
+    #: the hosts' relays (on each host of two or more workers), and the hubs between
+    #: groups of them and the coordinator (on this machine)
     relays: List[RoleProcess] = dataclasses.field(default_factory=list)
+    hubs: List[RoleProcess] = dataclasses.field(default_factory=list)
 
     @property
     def all(self) -> List[RoleProcess]:
-        """Every role, in the order they start: the scheduler, the servers, the relays, the
-        workers."""
-        return [self.scheduler] + self.servers + self.relays + self.workers
+        """Every role, in the order they start: the scheduler, the servers, the hubs, the
+        relays, the workers."""
+        return [self.scheduler] + self.servers + self.hubs + self.relays + self.workers
+
+    @property
+    def started_after_the_scheduler(self) -> List[RoleProcess]:
+        return self.servers + self.hubs + self.relays + self.workers
 
 
 class RoleBuilder:
@@ -89,7 +96,7 @@ class RoleBuilder:
         env = self._ps_env("scheduler", here, bind, scheduler_port, None)
         scheduler = self._role("scheduler", None, here,
                                [sys.executable, "-m", "mxlbbsp.server"], env,
-                               transport=local_transport())
+                               guard_argv=local_transport())
         servers = []
         for r, host in enumerate(self.placement.servers):
             env = self._ps_env("server", host, bind, scheduler_port, None)
@@ -112,7 +119,6 @@ class RoleBuilder:
                                      [self.transport.python(host), "-m", "mxlbbsp.relay"],
                                      env, name=f"the relay of {host.name}",
                                      sockets=[listen]))
-        relays = hubs + relays
         workers = []
         local = local_ranks(self.placement.workers)
         for r, host in enumerate(self.placement.workers):
@@ -128,7 +134,7 @@ class RoleBuilder:
                                            self.resume_from, cfg.recovers))
             workers.append(self._role("worker", r, host, list(cfg.command), env,
                                       boot=True, watched=True))
-        return Roles(scheduler, servers, workers, relays)
+        return Roles(scheduler, servers, workers, relays, hubs)
 
     def _base_env(self, procs_on_host: Optional[int]) -> Dict[str, str]:
         """``procs_on_host``: the job's workers on the host; None for the scheduler and the
@@ -173,28 +179,29 @@ class RoleBuilder:
             names = group[0].name if len(group) == 1 else f"{group[0].name}..{group[-1].name}"
             hubs.append(self._role("hub", i, here,
                                    [sys.executable, "-m", "mxlbbsp.relay.hub"], env,
-                                   transport=local_transport(),
+                                   guard_argv=local_transport(),
                                    name=f"hub {i} (the relays of hosts {names})"))
         return hubs, upstreams
 
     def _role(self, role: str, rank: Optional[int], host: Host, argv: List[str],
-              env: Dict[str, str], transport: Optional[List[str]] = None,
+              env: Dict[str, str], guard_argv: Optional[List[str]] = None,
               boot: bool = False, watched: bool = False,
               name: Optional[str] = None,
               sockets: Optional[List[str]] = None) -> RoleProcess:
-        """``transport``: the scheduler's (this machine); None: the job's. ``watched``: a
+        """``guard_argv``: this machine's (the scheduler, the hubs); None: the job's
+        transport's for ``host``. ``watched``: a
         remote guard reports the command's CPU use and its stopped state. ``name``: what the
         launcher's lines call it (default: role and rank)."""
         env = dict(env)
         env.update(self.config.env)       # --env has the last word
         keepalive = self.transport.keepalive
         silence = None
-        if transport is None and keepalive:     # e.g. over SSH: see ssh.keepalive
+        if guard_argv is None and keepalive:     # e.g. over SSH: see ssh.keepalive
             silence = keepalive[1]
         label = role if rank is None else f"{role}-{rank}"
-        local = transport is not None
+        local = guard_argv is not None
         proc = RoleProcess(role, rank, host.name, argv, env, self.config.cwd,
-                           transport or self.transport.guard_argv(host, label), self.output,
+                           guard_argv or self.transport.guard_argv(host, label), self.output,
                            show_host=self.transport.remote, silence=silence, boot=boot,
                            cpu_every=CPU_EVERY if watched and self.transport.reports_cpu
                            else None, name=name, sockets=sockets,

@@ -101,8 +101,8 @@ class Supervisor:
         """The exit code of the first role found ended non-zero (after saying why), None
         while there is none."""
         roles = self.roles
-        # a relay first: its workers end because it did (they lose their connection)
-        for p in roles.relays + roles.workers + roles.servers + [roles.scheduler]:
+        # a hub or a relay first: its workers end because it did (they lose their connection)
+        for p in roles.hubs + roles.relays + roles.workers + roles.servers + [roles.scheduler]:
             rc = p.poll()
             if rc == 0:
                 p.release_error()
