@@ -326,19 +326,19 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
     return run_job(config)
 
 
-# ---- predict and trace (issue 3): registered below this line -----------------------------
+# ---- predict and trace: registered below this line ----------------------------------------
 from .cli_predict import predict as _predict  # noqa: E402
 from .cli_predict import trace as _trace_cmd
 
 cli.add_command(_predict)
 cli.add_command(_trace_cmd)
 
-# ---- report (issue 5): registered below this line ----------------------------------------
+# ---- report: registered below this line ----------------------------------------
 from .cli_report import report  # noqa: E402
 
 cli.add_command(report)
 
-# ---- plan (issue 13): registered below this line -----------------------------------------
+# ---- plan: registered below this line ----------------------------------------
 from .cli_plan import plan as _plan  # noqa: E402
 
 cli.add_command(_plan)

@@ -4,7 +4,7 @@ Configuration flows one way: CLI options -> :class:`LaunchConfig` (``__post_init
 it and raises :class:`ConfigError` with a one-line message that says what to do) -> the
 :class:`~mxlbbsp.launcher.job.Job` that runs it. The Python API builds the same dataclass.
 
-(About 430 lines: one dataclass and its checks, each a few lines that name the option and
+(Long, on purpose: one dataclass and its checks, each a few lines that name the option and
 what to do; split, they would only be read together.)
 """
 from __future__ import annotations
@@ -214,7 +214,7 @@ class LaunchConfig:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     log_dir: Optional[str] = None
     progress: float = 10.0
-    stall_timeout: Optional[float] = None     # None: automatic; 0: off (see job.stall_limit)
+    stall_timeout: Optional[float] = None     # None: automatic; 0: off (see watch.stall_limit)
     start_timeout: float = 120.0
     bind: Optional[str] = None
     ps_interface: Optional[str] = None

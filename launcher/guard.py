@@ -57,8 +57,8 @@ take their own SIGTERM as a notice too. So the guard ends the command with SIGUS
 The command gets a parent-death signal (Linux ``PR_SET_PDEATHSIG``, SIGKILL): if the guard
 itself is killed (``kill -9``), its role dies with it, locally and over SSH.
 
-Only the standard library is imported here: the guard starts in milliseconds. (About 400
-lines, half of them this description: one small program that runs on every host.)
+Only the standard library is imported here: the guard starts in milliseconds. (Long for
+what it does, half of it this description: one small program that runs on every host.)
 """
 import ctypes
 import json

@@ -2,8 +2,8 @@
 wait time, measured and predicted speed, the script's logged values, and the comparison
 of several runs (see :mod:`mxlbbsp.analysis.report` for what each shows).
 
-A little over 400 lines: seven plot functions that share only the kit (plotkit.py); each is
-read on its own, and splitting the file would only separate them by an arbitrary line.
+Long, on purpose: plot functions that share only the kit (plotkit.py); each is read on
+its own, and splitting the file would only separate them by an arbitrary line.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ comes in: hellos, lines, frames, handed to the handlers here), :mod:`mxlbbsp.cor
 arrays), :mod:`.speed` (predictor, time-model fit, the ``auto`` regime), :mod:`.recorder`
 (metrics records, totals, written by a thread of their own), :mod:`.registration` (the
 checks of the workers' hellos); this module is the iteration flow, the lifecycle and the
-checkpoint state that ties them together. (About 450 lines: the message handlers share one
+checkpoint state that ties them together. (Long, on purpose: the message handlers share one
 state, which worker has sent what of which iteration, and read best side by side.)
 
 No MXNet import: the coordinator is plain numpy + asyncio and is tested in milliseconds.
@@ -68,7 +68,7 @@ ALLOC_LATENCY_KEPT = 100_000
 class Coordinator:
     """The coordination service of one job. ``start()`` it, hand its address to the workers.
 
-    Over 250 lines: the iteration flow (hello, report, done, log, bye) and the lifecycle
+    Long, on purpose: the iteration flow (hello, report, done, log, bye) and the lifecycle
     share the job's state (which worker sent what of which iteration); the rooms it hands
     work to (connection, inbox, collect, speed, recorder, registration) hold the rest. It is
     the :class:`~mxlbbsp.control.inbox.InboxHandler` of its inbox and the

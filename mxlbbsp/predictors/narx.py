@@ -175,12 +175,12 @@ def running_moments(seen: np.ndarray, mean: np.ndarray, var: np.ndarray, values:
 
 @register("narx")
 class NARX(Predictor):
-    """Random-feature NARX with an RLS output layer, per worker (see the module docstring).
+    """NARX of kernel units with an RLS output layer, per worker (see the module docstring).
 
-    One class of about 440 lines, on purpose: the kernel units, the RLS output layer and
+    One long class, on purpose: the kernel units, the RLS output layer and
     the gate over the candidates update the same per-worker arrays (vectorised over the
     workers) in one pass per iteration, and each step reads what the one before wrote (the
-    work arrays that keep its critical path short, issue 26, are part of that pass). The
+    work arrays that keep its critical path short are part of that pass). The
     predictor's figures are accepted as they stand (benchmarks/README.md, Predictors).
     """
 
@@ -288,8 +288,8 @@ class NARX(Predictor):
         return self._forecast.copy()
 
     def load_state_dict(self, state: dict) -> None:
-        # before 2026-11-24 the memory was _mem_u (n, M, U) and the ring (n, W, E): the same
-        # sizes in another order, which load_object_state would reshape without a word
+        # an older layout kept the memory as _mem_u (n, M, U) and the ring as (n, W, E): the
+        # same sizes in another order, which load_object_state would reshape without a word
         if "_mem_u" in state:
             raise ValueError("narx: a state saved by an older mxlbbsp (another memory layout)")
         super().load_state_dict(state)

@@ -1,4 +1,4 @@
-"""A relay's forecasts: the job's predictor run over the host's workers only (issue 26).
+"""A relay's forecasts: the job's predictor run over the host's workers only.
 
 At 1024 workers the predictor was the largest part of the coordinator's work on the path
 from the last report to the split (NARX's kernel units: about 4 ms of ~9). A predictor is

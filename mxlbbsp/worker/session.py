@@ -22,7 +22,7 @@ travels while the push/pull runs.
 No framework import here: the caller waits for MXNet's asynchronous engine before it calls
 :meth:`Session.gradients_ready` and :meth:`Session.step_done`.
 
-(About 480 lines, most of them :class:`Session`: see its docstring for why it is one class.)
+(Most of this module is :class:`Session`: see its docstring for why it is one class.)
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def close_session() -> None:
 class Session:
     """See the module docstring. Use :func:`open_session`, not the constructor.
 
-    Longer than most classes here (about 330 lines), on purpose: it is the one timeline of a
+    Longer than most classes here, on purpose: it is the one timeline of a
     worker's iteration (wait for the split, compute, the mode's wait, push/pull) that the
     loader, the trainer and the mode's worker half each drive a part of, and its timings are
     differences of clock readings taken in different methods under one lock. Its parts that

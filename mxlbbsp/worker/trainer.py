@@ -77,7 +77,7 @@ class Trainer(gluon.Trainer):
     ``kvstore`` defaults to the job's sync mode's (dist_sync, or dist_async for asp, r2sp) when
     started by ``mxlbbsp launch``, and to no kvstore in a single process.
 
-    About 270 lines: Gluon's own entry points (``step``, ``allreduce_grads``, ``update``,
+    Long, on purpose: Gluon's own entry points (``step``, ``allreduce_grads``, ``update``,
     ``_allreduce_grads``) are overridden here, where Gluon's trainer calls them, and each
     reads the same normaliser state; the parts that stand alone are elsewhere (the running
     statistics in :mod:`.batchnorm`, checkpoints in :mod:`.checkpoint`).
