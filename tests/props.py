@@ -1,0 +1,93 @@
+"""What the property tests (tests/test_props_*.py) generate: the configurations a user can
+write, and each test's share of the examples.
+
+``make test`` runs the seeded profile (tests/conftest.py): a fixed seed, and each property's
+share of 100 examples; ``make test-props`` a new seed and 50 times as many.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from mxlbbsp.core import planner
+from simjob import SYNCS, Setup
+
+
+def share(fraction: float) -> settings:
+    """Settings for a property that runs ``fraction`` of the profile's examples (a slow
+    one less, a fast one more), at least one."""
+    return settings(max_examples=max(1, round(fraction * settings.default.max_examples)))
+
+
+def spread(lo: int, hi: int) -> st.SearchStrategy:
+    """Integers in [lo, hi], small ones as likely as large ones (every order of magnitude
+    reached), shrinking towards ``lo``."""
+    if hi <= lo + 16:
+        return st.integers(lo, hi)
+    return st.one_of(st.integers(lo, lo + 16), st.integers(lo, min(hi, max(lo, 1000))),
+                     st.integers(0, int(math.log2(hi - lo + 1) * 8)).map(
+                         lambda k: min(hi, lo + int(2 ** (k / 8)) - 1)),
+                     st.integers(lo, hi))
+
+
+#: workers in a job, and samples in a data set
+WORKERS = spread(1, 1024)
+DATASETS = spread(1, 10 ** 7)
+
+
+def per_worker(draw, n: int, value: st.SearchStrategy, numbers) -> list:
+    """A value per worker: drawn one by one for a few workers (they shrink), else
+    ``numbers(rng, n)`` from a drawn seed (a thousand draws would crowd the example)."""
+    if n <= 8:
+        return draw(st.lists(value, min_size=n, max_size=n))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    return list(numbers(rng, n))
+
+
+@st.composite
+def setups(draw, syncs=SYNCS, budget: int = 0) -> Setup:
+    """A job as a user may write it: any data set, global batch and workers, caps on some
+    workers or all, a least local batch (given, or BatchNorm's default), and in the modes
+    that choose B(t) their --batch-range and the choices their planner makes.
+
+    ``budget``: at most about that many worker-iterations per epoch (the global batch is
+    drawn no smaller than the data set over budget / n); 0 for no limit (registration only).
+    """
+    sync = draw(st.sampled_from(syncs))
+    n = draw(WORKERS if not budget else spread(1, min(1024, budget // 2)))
+    N = draw(DATASETS)
+    least_B = 1 if not budget else max(1, -(-N * n // budget))
+    B = draw(st.one_of(spread(least_B, max(least_B, 10 ** 7)),
+                       st.integers(max(least_B, n - 2), max(least_B, n + 16)),
+                       st.integers(max(least_B, N - 8), max(least_B, N + 8)),
+                       st.integers(max(least_B, N // 3), max(least_B, N // 2 + 1))))
+    share_ = max(1, -(-B // n))
+    cap = st.one_of(st.none(), st.integers(1, 2 * share_ + 2))
+    hello_caps = None
+    if draw(st.booleans()):           # the DataLoader's max_batch_size on some workers
+        hello_caps = per_worker(draw, n, cap, lambda rng, k: [
+            None if rng.random() < 0.3 else int(rng.integers(1, 2 * share_ + 3))
+            for _ in range(k)])
+    max_batch = draw(st.one_of(st.none(), st.integers(1, 2 * share_ + 2)))
+    min_batch = draw(st.one_of(st.none(), st.integers(1, 3), st.integers(1, 2 * share_ + 2)))
+    batch_range, choices = None, ()
+    if sync in ("courier", "goodput"):
+        lo = draw(st.one_of(st.integers(max(1, n - 2), n + 16), spread(1, max(1, 2 * B))))
+        hi = draw(st.integers(lo, max(lo, 4 * lo)))
+        batch_range = f"{lo}:{hi}"
+        grid = planner.candidates(lo, hi).tolist()
+        choices = draw(st.lists(st.sampled_from(grid), min_size=1, max_size=6))
+    speed = per_worker(draw, n, st.floats(0.05, 1000.0),
+                       lambda rng, k: rng.lognormal(3, 1.5, k).clip(0.05, 1000.0))
+    fixed = draw(st.booleans())
+    intercept = per_worker(draw, n, st.floats(0.0, 0.05),
+                           lambda rng, k: rng.uniform(0, 0.05, k)) if fixed else None
+    return Setup(n=n, N=N, B=B, sync=sync,
+                 last_batch=draw(st.sampled_from(("keep", "discard"))),
+                 shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)),
+                 hello_caps=hello_caps, max_batch=max_batch, min_batch=min_batch,
+                 batchnorm=draw(st.booleans()), batch_range=batch_range, speed=speed,
+                 intercept=intercept, choices=choices)
