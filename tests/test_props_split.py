@@ -155,3 +155,25 @@ def test_every_worker_scales_its_own_slice_to_its_part_of_the_whole(n, data):
     assert pieces[0].offset == 0 and pieces[-1].offset + pieces[-1].size == total
     assert all(p.offset + p.size == q.offset for p, q in zip(pieces, pieces[1:]))
     assert whole.min() >= 1 and int(whole.sum()) == total
+
+
+@share(2.0)
+@given(problems())
+def test_the_split_before_any_speed_is_the_equal_one_within_the_bounds(problem):
+    """Balancer.even (the first split) and Balancer.scale (the warm-up): within the bounds,
+    and the equal split, or the split in force, wherever the bounds allow it."""
+    model, B, least, caps, current = problem
+    n = len(model.speed)
+    lo, hi = bounds(B, n, least, caps)
+    assume(hi.sum() >= B)
+    bal = split.Balancer(0.05, least, caps)
+    even = bal.even(B, n)
+    assert int(even.sum()) == B and np.all(even >= lo) and np.all(even <= hi)
+    equal = split.equal_split(B, n)
+    if np.all(equal <= hi):
+        assert even.tolist() == equal.tolist()
+    if current is not None:
+        scaled = bal.scale(current, B)
+        assert int(scaled.sum()) == B and np.all(scaled >= lo) and np.all(scaled <= hi)
+        if int(current.sum()) == B and np.all(current >= lo) and np.all(current <= hi):
+            assert scaled.tolist() == current.tolist()

@@ -22,10 +22,14 @@ from ._api import CoordinatorPolicy, Option, SyncMode, register
 class LBBSPPolicy(CoordinatorPolicy):
     sends = True
 
+    def first_split(self, global_batch: int) -> np.ndarray:
+        """The equal split within the workers' caps: no speed is known yet."""
+        return self.coordinator.balancer.even(global_batch, self.num_workers)
+
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
         if next_B is None:
             return current
-        sizes = _split.rescale(current, next_B)
+        sizes = self.coordinator.balancer.scale(current, next_B)
         self.coordinator.send_split(t + 1, sizes)
         return sizes
 
@@ -112,7 +116,7 @@ class BatchChoosingPolicy(LBBSPPolicy):
     def first_split(self, global_batch):
         B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
         self.totals[0] = B
-        return _split.equal_split(B, self.num_workers)
+        return self.coordinator.balancer.even(B, self.num_workers)
 
     @property
     def least(self) -> int:
@@ -161,7 +165,7 @@ class BatchChoosingPolicy(LBBSPPolicy):
 
     def warmup(self, t, next_B, current):
         B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _split.rescale(current, B)
+        sizes = self.coordinator.balancer.scale(current, B)
         self._before_split(t + 1, sizes)
         self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)

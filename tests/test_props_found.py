@@ -1,0 +1,25 @@
+"""The defects the generated checks found (tests/test_props_*.py), each at the minimal
+example hypothesis shrank it to: a job of tests/simjob.py (the real coordinator, simulated
+workers), or the core function it came down to."""
+import numpy as np
+
+from mxlbbsp.core import split
+from simjob import Job, Setup
+
+
+def run(setup: Setup, epochs: int = 2):
+    """The job's iterations (the coordinator's refusal fails the test)."""
+    job = Job(setup)
+    refused = job.register()
+    assert refused is None, refused
+    return job.run(until_epoch=epochs)
+
+
+def test_the_first_split_and_the_warm_up_keep_the_workers_caps():
+    """Setup(n=2, N=4, B=4, hello_caps=[1, None]) ran [2, 2] at iterations 0 and 1: the first
+    split was the equal split whatever the caps, and the warm-up kept it (rescaled)."""
+    steps = run(Setup(n=2, N=4, B=4, hello_caps=[1, None]))
+    assert [st.sizes.tolist() for st in steps] == [[1, 3], [1, 3]]
+    bal = split.Balancer(max_batch=np.array([1, 4]))
+    assert bal.even(4, 2).tolist() == [1, 3]
+    assert bal.scale([2, 2], 3).tolist() == [1, 2]
