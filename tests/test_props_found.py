@@ -23,3 +23,13 @@ def test_the_first_split_and_the_warm_up_keep_the_workers_caps():
     bal = split.Balancer(max_batch=np.array([1, 4]))
     assert bal.even(4, 2).tolist() == [1, 3]
     assert bal.scale([2, 2], 3).tolist() == [1, 2]
+
+
+def test_bsp_refuses_caps_below_its_equal_split_at_registration():
+    """Setup(n=2, N=4, B=4, sync='bsp', hello_caps=[1, None]) was accepted, and its workers
+    split every batch [2, 2], above worker 0's cap of 1: bsp splits equally, whatever the
+    caps, so registration must refuse what no iteration can keep."""
+    refused = Job(Setup(n=2, N=4, B=4, sync="bsp", hello_caps=[1, None])).register()
+    assert refused is not None and refused.startswith("--sync bsp splits every global batch "
+                                                      "equally: worker 0 would get 2 samples")
+    assert Job(Setup(n=2, N=4, B=4, sync="bsp", hello_caps=[2, None])).register() is None

@@ -14,6 +14,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp.core.split import equal_split
+
 #: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
 #: given: their statistics come from each worker's own batch, and batch norm degrades quickly
 #: below about 8 samples per device (Wu & He, "Group Normalization", 2018, fig. 1); at most a
@@ -82,6 +84,17 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
                 f"{caps[rank]} (its DataLoader's max_batch_size or --max-batch-size): no "
                 f"split can give it both; use --min-batch-size {caps[rank]} or less, or raise "
                 "the maximum")
+    if not policy.sends and any(c is not None for c in caps):
+        # the workers split each global batch equally by themselves (bsp, asp): the largest
+        # shares are those of B, the lowest ranks' when it does not divide evenly
+        shares = equal_split(B, n)
+        rank = next((r for r, c in enumerate(caps) if c is not None and shares[r] > c), None)
+        if rank is not None:
+            return (f"--sync {config.sync} splits every global batch equally: worker {rank} "
+                    f"would get {shares[rank]} samples of {B}, more than its maximum batch "
+                    f"size {caps[rank]} (its DataLoader's max_batch_size or "
+                    "--max-batch-size); raise it, use more workers, or use --sync lbbsp, "
+                    "which splits within the caps")
     if all(c is not None for c in caps):
         balancer.max_batch = np.array(caps, dtype=np.int64)
         if sum(caps) < B:
