@@ -113,3 +113,30 @@ def test_a_checkpoint_resumes_at_the_position_its_manifest_records(tmp_path_fact
     other = data.draw(st.sampled_from(["global_batch_size", "dataset_size", "epoch_length"]))
     changed = dict(read, **{other: read[other] + data.draw(st.integers(1, 10))})
     assert epochs.resume_start(changed, plan.global_batch, plan.dataset_size, L) is None
+
+
+@st.composite
+def epochs_to_cut(draw):
+    """(n, most, least, rest) with a cuttable rest, as registration lets a job through."""
+    n = draw(spread(1, 1024))
+    most = draw(st.one_of(st.none(), st.integers(n, 2 * n + 2), spread(n, 10 ** 6)))
+    least = draw(st.one_of(st.just(n), st.integers(n, 8 * n)))
+    rest = draw(st.one_of(spread(0, 10 ** 6), st.integers(0, 4 * n)))
+    return n, most, least, rest
+
+
+@share(3.0)
+@given(epochs_to_cut(), st.lists(spread(1, 10 ** 6), min_size=1, max_size=50))
+def test_cutting_the_batches_chosen_as_the_job_runs_never_strands_a_rest(case, wanted):
+    """epochs.cut (courier and goodput's B(t)): every global batch of n to `most` samples
+    within the rest, what it leaves cuttable, the whole epoch cut."""
+    n, most, least, rest = case
+    if not epochs.cuttable(rest, n, most):
+        return
+    for w in wanted:
+        if rest == 0:
+            break
+        B = epochs.cut(w, rest, n, most, least)
+        assert n <= B <= rest and (most is None or B <= most)
+        rest -= B
+        assert epochs.cuttable(rest, n, most)

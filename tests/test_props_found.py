@@ -33,3 +33,25 @@ def test_bsp_refuses_caps_below_its_equal_split_at_registration():
     assert refused is not None and refused.startswith("--sync bsp splits every global batch "
                                                       "equally: worker 0 would get 2 samples")
     assert Job(Setup(n=2, N=4, B=4, sync="bsp", hello_caps=[2, None])).register() is None
+
+
+def test_courier_and_goodput_cut_every_epoch_into_batches_the_workers_can_split():
+    """Three examples of one defect, in the modes that choose B(t) (courier, goodput):
+
+    - Setup(n=2, N=3, B=3, sync='courier', batch_range='2:2') (goodput alike): B(0) = 2 left
+      one sample in the epoch, and the warm-up's split of it failed (an AllocationError in
+      the coordinator's thread): the first B(t) was not cut by the rest of the epoch;
+    - Setup(n=2, N=5, B=3, sync='courier', batch_range='4:4', hello_caps=[2, 2]): the same
+      after B(0) = 4, whose rest of 1 could not join it (the caps hold 4);
+    - Setup(n=2, N=3, B=2, sync='courier', batch_range='15:15') was refused ("the last
+      global batch of each epoch has 1 samples"): the DataLoader's B of 2 leaves a rest of 1,
+      but courier never cuts batches of that B; it cuts B(0) = 3, the whole epoch.
+    """
+    for sync in ("courier", "goodput"):
+        steps = run(Setup(n=2, N=3, B=3, sync=sync, batch_range="2:2"))
+        assert [(st.total, st.sizes.tolist()) for st in steps] == [(3, [2, 1])] * 2
+    steps = run(Setup(n=2, N=5, B=3, sync="courier", batch_range="4:4", hello_caps=[2, 2]))
+    assert [(st.epoch, st.total) for st in steps] == [(0, 3), (0, 2), (1, 2), (1, 3)]
+    assert all(st.sizes.max() <= 2 for st in steps)
+    steps = run(Setup(n=2, N=3, B=2, sync="courier", batch_range="15:15"))
+    assert [st.total for st in steps] == [3, 3]

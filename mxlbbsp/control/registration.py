@@ -14,6 +14,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp import modes as _modes
 from mxlbbsp.core.split import equal_split
 
 #: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
@@ -60,8 +61,10 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
     if N < B:
         return (f"the data set has {N} samples, fewer than one global batch ({B}); use a "
                 "smaller global batch size")
+    # the epoch's last, short global batch of B; a mode that chooses B(t) cuts its epochs
+    # itself, within what the workers can split (modes.lbbsp.BatchChoosingPolicy)
     short = hellos[0].get("min_global_batch") or B
-    if short < n:
+    if short < n and not _modes.get(config.sync).sets_batch:
         return (f"the last global batch of each epoch has {short} samples, fewer than the "
                 f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                 "the global batch size")

@@ -113,6 +113,54 @@ def next_cap(dataset_size: int, cursor: int) -> int:
     return rest if rest > 0 else int(dataset_size)
 
 
+def cuttable(samples: int, n: int, most: Optional[int] = None) -> bool:
+    """Whether ``samples`` (the rest of an epoch) can be cut into global batches that ``n``
+    workers can split: each of n samples at least (one a worker) and at most ``most`` (what
+    the workers' caps hold together; None: no caps)."""
+    if samples == 0:
+        return True
+    batches = 1 if most is None else -(-int(samples) // int(most))
+    return samples >= batches * n
+
+
+def cut(wanted: int, rest: int, n: int, most: Optional[int] = None,
+        least: Optional[int] = None) -> int:
+    """The global batch to cut from the ``rest`` of an epoch when ``wanted`` is asked for,
+    in the modes that choose B(t) as the job runs (courier, goodput).
+
+    Kept always: n <= B <= min(``most``, ``rest``), and a rest that can itself be cut
+    (:func:`cuttable`). Kept when these allow: B of at least ``least`` (n x the least local
+    batch), and a rest of 0 or at least ``least``. The answer is ``wanted`` moved into
+    [``least``, ``most``] and within the rest, a rest under ``least`` joining it; else the
+    closest B that keeps both, else the closest that keeps the first. ValueError when none
+    does (registration refuses a job whose epoch is not :func:`cuttable`)."""
+    least = max(int(n), int(least or n))
+    top = int(rest) if most is None else min(int(most), int(rest))
+
+    def kept(B: int, soft: bool) -> bool:
+        left = rest - B
+        if not (n <= B <= top and cuttable(left, n, most)):
+            return False
+        return not soft or ((B >= least or B == rest) and (left == 0 or left >= least))
+
+    B = min(max(int(wanted), least), top)
+    if 0 < rest - B < least and rest <= top:
+        B = rest                    # a rest too small for the least local batch joins
+    if kept(B, soft=True):
+        return B
+    reach = 2 * (least + n) + 2     # a gap between cuttable rests is under n wide
+    for soft in (True, False):
+        for d in range(1, reach + 1):
+            for candidate in (B - d, B + d):
+                if kept(candidate, soft):
+                    return candidate
+    for candidate in range(top, n - 1, -1):
+        if kept(candidate, soft=False):
+            return candidate
+    raise ValueError(f"{rest} samples left in the epoch cannot be cut into global batches of "
+                     f"{n} to {most} samples")
+
+
 def checkpoint_position(iteration: int, epoch_length: Optional[int]) -> dict:
     """Where the loader stands after ``iteration``, as a checkpoint's manifest records it:
     the epoch and the index in it of the next iteration (None each without a fixed epoch
