@@ -36,6 +36,9 @@ def spread(lo: int, hi: int) -> st.SearchStrategy:
 #: workers in a job, and samples in a data set
 WORKERS = spread(1, 1024)
 DATASETS = spread(1, 10 ** 7)
+#: iterations per epoch at most in a job that runs (the coordinator's work per iteration is
+#: a millisecond or two)
+ITERATIONS = 48
 
 
 def per_worker(draw, n: int, value: st.SearchStrategy, numbers) -> list:
@@ -53,29 +56,41 @@ def setups(draw, syncs=SYNCS, budget: int = 0) -> Setup:
     workers or all, a least local batch (given, or BatchNorm's default), and in the modes
     that choose B(t) their --batch-range and the choices their planner makes.
 
-    ``budget``: at most about that many worker-iterations per epoch (the global batch is
-    drawn no smaller than the data set over budget / n); 0 for no limit (registration only).
+    ``budget`` = 0: anything, most of it refused at registration (its test). Else a job to
+    run, registration's refusals the exception: at most ``budget`` worker-iterations and
+    ITERATIONS iterations per epoch; its short last batch any size (under n workers too),
+    caps around the equal share, and a least local batch it can give every worker.
     """
     sync = draw(st.sampled_from(syncs))
-    n = draw(WORKERS if not budget else spread(1, min(1024, budget // 2)))
-    N = draw(DATASETS)
-    least_B = 1 if not budget else max(1, -(-N * n // budget))
-    B = draw(st.one_of(spread(least_B, max(least_B, 10 ** 7)),
-                       st.integers(max(least_B, n - 2), max(least_B, n + 16)),
-                       st.integers(max(least_B, N - 8), max(least_B, N + 8)),
-                       st.integers(max(least_B, N // 3), max(least_B, N // 2 + 1))))
+    if not budget:
+        n, N = draw(WORKERS), draw(DATASETS)
+        B = draw(st.one_of(spread(1, 10 ** 7), st.integers(max(1, n - 2), n + 16),
+                           st.integers(max(1, N - 8), N + 8),
+                           st.integers(max(1, N // 3), N // 2 + 1)))
+    else:
+        n = draw(spread(1, min(1024, budget // 2)))
+        length = draw(spread(1, max(1, min(ITERATIONS, budget // n))))
+        B = draw(st.one_of(st.integers(n, n + 16), spread(n, max(n, 10 ** 7 // length))))
+        rest = draw(st.one_of(st.just(B), st.integers(1, B), st.integers(1, min(B, 2 * n))))
+        N = B * (length - 1) + rest
     share_ = max(1, -(-B // n))
-    cap = st.one_of(st.none(), st.integers(1, 2 * share_ + 2))
+    low = 1 if not budget else max(1, share_ // 2)
+    cap = st.one_of(st.none(), st.integers(low, 2 * share_ + 2))
     hello_caps = None
     if draw(st.booleans()):           # the DataLoader's max_batch_size on some workers
         hello_caps = per_worker(draw, n, cap, lambda rng, k: [
-            None if rng.random() < 0.3 else int(rng.integers(1, 2 * share_ + 3))
+            None if rng.random() < 0.3 else int(rng.integers(low, 2 * share_ + 3))
             for _ in range(k)])
-    max_batch = draw(st.one_of(st.none(), st.integers(1, 2 * share_ + 2)))
-    min_batch = draw(st.one_of(st.none(), st.integers(1, 3), st.integers(1, 2 * share_ + 2)))
+    max_batch = draw(st.one_of(st.none(), st.integers(low, 2 * share_ + 2)))
+    min_batch = draw(st.one_of(st.none(), st.integers(1, 3),
+                               st.integers(1, max(1, B // n) if budget else 2 * share_ + 2)))
     batch_range, choices = None, ()
     if sync in ("courier", "goodput"):
-        lo = draw(st.one_of(st.integers(max(1, n - 2), n + 16), spread(1, max(1, 2 * B))))
+        # in a job that runs, a B(t) no smaller than N / ITERATIONS
+        least = max(1, n - 2) if not budget else \
+            max(n, -(-N // min(ITERATIONS, max(1, budget // n))))
+        lo = draw(st.one_of(st.integers(least, least + 16),
+                            spread(least if budget else 1, max(least, 2 * B))))
         hi = draw(st.integers(lo, max(lo, 4 * lo)))
         batch_range = f"{lo}:{hi}"
         grid = planner.candidates(lo, hi).tolist()

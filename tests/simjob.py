@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -34,6 +35,8 @@ TOKEN = "props"
 #: the modes whose jobs the simulation runs: the synchronous ones (r2sp grants its slices
 #: through messages of its own, asp has no barrier per iteration)
 SYNCS = ("lbbsp", "bsp", "courier", "goodput")
+ALLOC = re.compile(rb'\{"type":"alloc","iteration":(\d+),"offset":(\d+),"size":(\d+),'
+                   rb'"total":(\d+)\}')
 
 
 class Writer:
@@ -47,10 +50,10 @@ class Writer:
 
     def write(self, data: bytes) -> None:
         for line in data.splitlines():
-            if line.startswith(b'{"type":"alloc"'):
-                msg = P.decode(line)
-                self.allocs[msg["iteration"]] = split.Slice(msg["offset"], msg["size"],
-                                                            msg["total"])
+            alloc = ALLOC.fullmatch(line)     # P.alloc_line's, read without json (n a split)
+            if alloc:
+                t, offset, size, total = map(int, alloc.groups())
+                self.allocs[t] = split.Slice(offset, size, total)
             else:
                 self.lines.append(line)
 
@@ -166,6 +169,7 @@ class Job:
             epochs.resume_start(manifest, s.B, s.N, self.plan.length)
         self.writers = [Writer() for _ in range(s.n)]
         self.welcome: Optional[dict] = None
+        self._pieces: Dict[object, list] = {}
         self.steps: List[Step] = []
         speed = np.ones(s.n) if s.speed is None else np.asarray(s.speed, dtype=float)
         a = np.zeros(s.n) if s.intercept is None else np.asarray(s.intercept, dtype=float)
@@ -174,6 +178,16 @@ class Job:
         policy = self.coordinator._policy
         if self._choices is not None and hasattr(policy, "planner"):
             self._steer(policy)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the coordinator's records writer (a thread)."""
+        self.coordinator.stop()
 
     def _steer(self, policy) -> None:
         """The planner's choice of B is the next of ``setup.choices``: courier's, through
@@ -218,9 +232,9 @@ class Job:
         """Session.slice: worker ``rank``'s slice of iteration ``t`` (global batch ``size``,
         None: the one the coordinator chose)."""
         if t == self.start:
-            piece = split.slice_of(self.welcome["allocation"], rank)
+            piece = self._slice_of("welcome", lambda: self.welcome["allocation"], rank)
         elif not self.mode.follows_allocations:
-            piece = split.slice_of(split.equal_split(size, self.setup.n), rank)
+            piece = self._slice_of(size, lambda: split.equal_split(size, self.setup.n), rank)
         else:
             piece = self.writers[rank].allocs.get(t)
             if piece is None:
@@ -228,6 +242,19 @@ class Job:
         if size is None:
             return piece
         return split.rescale_slice(piece, rank, self.setup.n, size)
+
+    def _slice_of(self, key, sizes, rank: int) -> split.Slice:
+        """split.slice_of(sizes(), rank), each worker's from one pass over the split
+        (``key`` names it; slice_of sums the ranks before: n workers would make it n^2)."""
+        pieces = self._pieces.get(key)
+        if pieces is None:
+            sizes = [int(b) for b in sizes()]
+            ends = np.cumsum(sizes).tolist()
+            pieces = [split.Slice(end - b, b, ends[-1]) for end, b in zip(ends, sizes)]
+            for r in {0, len(sizes) // 2, len(sizes) - 1}:
+                assert pieces[r] == split.slice_of(sizes, r)
+            self._pieces[key] = pieces
+        return pieces[rank]
 
     def _loader(self, rank: int):
         """The DataLoader's iteration on worker ``rank``, for ever (one epoch per pass of
@@ -257,9 +284,11 @@ class Job:
                 piece = self._slice(rank, t, size)
                 yield t, epoch, start + piece.offset, piece.size, size, plan.next_size(k)
 
-    def run(self, until_epoch: int, last: Optional[int] = None) -> List[Step]:
+    def run(self, until_epoch: int, last: Optional[int] = None,
+            most: int = 10_000) -> List[Step]:
         """Iterations until the first of epoch ``until_epoch`` or, when given, through
-        iteration ``last``; :class:`Failed` when the job stops (its reason)."""
+        iteration ``last``; :class:`Failed` when the job stops (its reason), or when it ran
+        ``most`` iterations (a generated job meant to be short that is not)."""
         s, n = self.setup, self.setup.n
         loaders = [self._loader(r) for r in range(n)]
         while True:
@@ -270,6 +299,8 @@ class Job:
             t, epoch = ran[0][0], ran[0][1]
             if epoch >= until_epoch or (last is not None and t > last):
                 return self.steps
+            if len(self.steps) >= most:
+                raise Failed(f"more than {most} iterations before epoch {until_epoch}")
             if any(r[:2] != (t, epoch) or r[4] != ran[0][4] for r in ran):
                 raise Failed(f"the workers disagree on iteration {t}: {ran}")
             starts = np.array([r[2] for r in ran], dtype=np.int64)
