@@ -55,3 +55,24 @@ def test_courier_and_goodput_cut_every_epoch_into_batches_the_workers_can_split(
     assert all(st.sizes.max() <= 2 for st in steps)
     steps = run(Setup(n=2, N=3, B=2, sync="courier", batch_range="15:15"))
     assert [st.total for st in steps] == [3, 3]
+
+
+def resume(first: Setup, at: int, then: Setup):
+    """``first`` run through iteration ``at``, then resumed from its checkpoint as
+    ``then``: the iterations of the resumed launch."""
+    with Job(first) as job:
+        assert job.register() is None
+        job.run(until_epoch=2, last=at)
+        manifest, state = job.checkpoint()
+    with Job(then, manifest, state) as job:
+        refused = job.register()
+        assert refused is None, refused
+        return job.run(until_epoch=2)
+
+
+def test_a_resumed_job_keeps_the_saved_split_only_within_its_own_caps():
+    """Setup(n=2, N=4, B=4) checkpointed after iteration 0 and resumed as Setup(n=2, N=4,
+    B=4, hello_caps=[1, None]) ran [2, 2] at iteration 1, above worker 0's new cap: the
+    coordinator's saved split was taken back whatever the new launch's bounds."""
+    steps = resume(Setup(n=2, N=4, B=4), 0, Setup(n=2, N=4, B=4, hello_caps=[1, None]))
+    assert [(st.t, st.sizes.tolist()) for st in steps] == [(1, [1, 3])]

@@ -438,7 +438,7 @@ class Coordinator:
                 B = int(self._hellos[0]["global_batch_size"])
                 self._sizes = np.asarray(self._policy.first_split(B))
                 resumed = self._resumed_sizes
-                if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
+                if resumed is not None and self._policy.sends and self.balancer.fits(resumed, B):
                     self._sizes = resumed          # the split balancing had reached
                 self._hand_off_forecasts()
                 self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
