@@ -76,3 +76,16 @@ def test_a_resumed_job_keeps_the_saved_split_only_within_its_own_caps():
     coordinator's saved split was taken back whatever the new launch's bounds."""
     steps = resume(Setup(n=2, N=4, B=4), 0, Setup(n=2, N=4, B=4, hello_caps=[1, None]))
     assert [(st.t, st.sizes.tolist()) for st in steps] == [(1, [1, 3])]
+
+
+def test_a_job_resumed_at_an_epochs_short_batch_is_welcomed_with_a_split_of_that_batch():
+    """Setup(n=2, N=15, B=10, hello_caps=[2, None], min_batch=2) resumed after iteration 0
+    started with [1, 4] of the short batch of 5, worker 0 under its least local batch of 2:
+    the welcome carried the split of B, [2, 8], which each worker scaled down to the short
+    batch by itself (split.rescale_slice: proportions, no bounds). The same in bsp, Setup(
+    n=3, N=10, B=6, sync='bsp') resumed after iteration 0 started with [1, 2, 1], not
+    bsp's equal split [2, 1, 1]."""
+    s = Setup(n=2, N=15, B=10, hello_caps=[2, None], min_batch=2)
+    assert [(st.t, st.total, st.sizes.tolist()) for st in resume(s, 0, s)][0] == (1, 5, [2, 3])
+    s = Setup(n=3, N=10, B=6, sync="bsp")
+    assert [(st.t, st.sizes.tolist()) for st in resume(s, 0, s)][0] == (1, [2, 1, 1])

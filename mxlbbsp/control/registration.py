@@ -15,6 +15,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from mxlbbsp import modes as _modes
+from mxlbbsp.core.epochs import EpochPlan
 from mxlbbsp.core.split import equal_split
 
 #: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
@@ -111,6 +112,16 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
         balancer.max_batch = np.array([largest if c is None else c for c in caps],
                                       dtype=np.int64)
     return None
+
+
+def first_global_batch(hello: dict, start: int) -> int:
+    """The global batch of a job's first iteration, ``start`` (> 0: resumed), as a
+    worker's ``hello`` describes its DataLoader: its global batch size, or the short last
+    batch of an epoch when the job resumes there."""
+    order = hello.get("order") or {}
+    plan = EpochPlan(int(hello["dataset_size"]), int(hello["global_batch_size"]),
+                     order.get("last_batch") or "keep")
+    return plan.batch(plan.position(start)[1])[1]
 
 
 def _check_identity(hellos: Sequence[dict]) -> Optional[str]:
