@@ -29,8 +29,9 @@ test: venv
 	$(BIN)/python -m pytest -q tests -m "not bench"
 
 # The property tests of the pure core (tests/test_props_*.py) on new examples: a new seed
-# (printed; `make test-props SEED=N` draws the same again) and 50 times the examples of
-# `make test`, which keeps one seed (tests/conftest.py). CI runs it after `make test`.
+# (printed; `make test-props SEED=N` draws the same again) and 10 to 25 times the examples
+# of `make test`, which keeps one seed (tests/conftest.py). CI runs it after `make test`:
+# about 3 minutes of CPU.
 SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 test-props: venv
 	$(BIN)/python -m pytest -q tests/test_props_*.py --hypothesis-profile=props \

@@ -18,13 +18,14 @@ from hypothesis import settings
 
 # Property tests (tests/test_props_*.py, tests/test_balancer.py) draw their examples from a
 # seed: in `make test` the fixed one below, the same examples on every run and in CI; `make
-# test-props` gives a new one (--hypothesis-seed) and the profile "props", 50 times the
-# examples. Either way the seed is printed (header and summary): `make test-props SEED=N`
-# draws a run's examples again. No example database in `make test`: what it runs is the
-# seed's examples and the tests' own @example's, nothing a previous run left behind.
+# test-props` gives a new one (--hypothesis-seed) and the profile "props", 25 times the
+# examples (a slow property fewer: tests/props.py's share). Either way the seed is printed
+# (header and summary): `make test-props SEED=N` draws a run's examples again. No example
+# database in `make test`: what it runs is the seed's examples and the tests' own
+# @example's, nothing a previous run left behind.
 HYPOTHESIS_SEED = 0
 settings.register_profile("seeded", max_examples=40, deadline=None, database=None)
-settings.register_profile("props", max_examples=2000, deadline=None)
+settings.register_profile("props", max_examples=1000, deadline=None)
 settings.load_profile("seeded")
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,11 +2,13 @@
 write, and each test's share of the examples.
 
 ``make test`` runs the seeded profile (tests/conftest.py): a fixed seed, and each property's
-share of 100 examples; ``make test-props`` a new seed and 50 times as many.
+share of 40 examples; ``make test-props`` the profile "props": a new seed and each
+property's share of 1000.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 from hypothesis import settings
@@ -16,21 +18,32 @@ from mxlbbsp.core import planner
 from simjob import SYNCS, Setup
 
 
-def share(fraction: float) -> settings:
+def share(fraction: float, props: Optional[float] = None) -> settings:
     """Settings for a property that runs ``fraction`` of the profile's examples (a slow
-    one less, a fast one more), at least one."""
+    one less, a fast one more), at least one; ``props``: its fraction in ``make
+    test-props`` instead, when that would take too long (CI runs it in a few minutes)."""
+    if props is not None and settings._current_profile == "props":
+        fraction = props
     return settings(max_examples=max(1, round(fraction * settings.default.max_examples)))
 
 
-def spread(lo: int, hi: int) -> st.SearchStrategy:
+@st.composite
+def spread(draw, lo: int, hi: int) -> int:
     """Integers in [lo, hi], small ones as likely as large ones (every order of magnitude
-    reached), shrinking towards ``lo``."""
+    reached), shrinking towards ``lo``. (Drawn here, not with ``.map``: a mapped strategy
+    made in a test, whose function closes over the test's values, made hypothesis report
+    its generation inconsistent when it replayed an example.)"""
     if hi <= lo + 16:
-        return st.integers(lo, hi)
-    return st.one_of(st.integers(lo, lo + 16), st.integers(lo, min(hi, max(lo, 1000))),
-                     st.integers(0, int(math.log2(hi - lo + 1) * 8)).map(
-                         lambda k: min(hi, lo + int(2 ** (k / 8)) - 1)),
-                     st.integers(lo, hi))
+        return draw(st.integers(lo, hi))
+    how = draw(st.integers(0, 3))
+    if how == 0:
+        return draw(st.integers(lo, lo + 16))
+    if how == 1:
+        return draw(st.integers(lo, min(hi, max(lo, 1000))))
+    if how == 2:
+        k = draw(st.integers(0, int(math.log2(hi - lo + 1) * 8)))
+        return min(hi, lo + int(2 ** (k / 8)) - 1)
+    return draw(st.integers(lo, hi))
 
 
 #: workers in a job, and samples in a data set
@@ -54,7 +67,8 @@ def per_worker(draw, n: int, value: st.SearchStrategy, numbers) -> list:
 def setups(draw, syncs=SYNCS, budget: int = 0) -> Setup:
     """A job as a user may write it: any data set, global batch and workers, caps on some
     workers or all, a least local batch (given, or BatchNorm's default), and in the modes
-    that choose B(t) their --batch-range and the choices their planner makes.
+    that choose B(t) their --batch-range and the choices their planner makes; the
+    coordinator's time model (linear, or the fitted fixed costs of affine and auto).
 
     ``budget`` = 0: anything, most of it refused at registration (its test). Else a job to
     run, registration's refusals the exception: at most ``budget`` worker-iterations and
@@ -71,17 +85,20 @@ def setups(draw, syncs=SYNCS, budget: int = 0) -> Setup:
         n = draw(spread(1, min(1024, budget // 2)))
         length = draw(spread(1, max(1, min(ITERATIONS, budget // n))))
         B = draw(st.one_of(st.integers(n, n + 16), spread(n, max(n, 10 ** 7 // length))))
-        rest = draw(st.one_of(st.just(B), st.integers(1, B), st.integers(1, min(B, 2 * n))))
+        rest = B if length == 1 else draw(st.one_of(st.just(B), st.integers(1, B),
+                                                    st.integers(1, min(B, 2 * n))))
         N = B * (length - 1) + rest
     share_ = max(1, -(-B // n))
-    low = 1 if not budget else max(1, share_ // 2)
+    # caps from half the equal share (bsp: the share, which its equal split needs)
+    low = 1 if not budget else share_ if sync == "bsp" else max(1, share_ // 2)
     cap = st.one_of(st.none(), st.integers(low, 2 * share_ + 2))
     hello_caps = None
     if draw(st.booleans()):           # the DataLoader's max_batch_size on some workers
         hello_caps = per_worker(draw, n, cap, lambda rng, k: [
             None if rng.random() < 0.3 else int(rng.integers(low, 2 * share_ + 3))
             for _ in range(k)])
-    max_batch = draw(st.one_of(st.none(), st.integers(low, 2 * share_ + 2)))
+    max_batch = draw(st.one_of(st.none(), st.integers(low if not budget else share_,
+                                                      2 * share_ + 2)))
     min_batch = draw(st.one_of(st.none(), st.integers(1, 3),
                                st.integers(1, max(1, B // n) if budget else 2 * share_ + 2)))
     batch_range, choices = None, ()
@@ -104,5 +121,6 @@ def setups(draw, syncs=SYNCS, budget: int = 0) -> Setup:
                  last_batch=draw(st.sampled_from(("keep", "discard"))),
                  shuffle=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 16)),
                  hello_caps=hello_caps, max_batch=max_batch, min_batch=min_batch,
-                 batchnorm=draw(st.booleans()), batch_range=batch_range, speed=speed,
-                 intercept=intercept, choices=choices)
+                 batchnorm=draw(st.booleans()), batch_range=batch_range,
+                 time_model=draw(st.sampled_from(("linear", "auto", "affine"))),
+                 speed=speed, intercept=intercept, choices=choices)

@@ -118,11 +118,12 @@ def test_a_faster_worker_never_gets_fewer_samples_under_the_same_bounds(problem,
     assume(hi.sum() >= B)
     b = split.Balancer(0.05, least, caps, prefer_equal=prefer).allocate(model, B)
     v, a = model.speed, np.maximum(model.intercept, 0)
-    # pairs (i, j): i at least as fast as j with no larger fixed cost, one of them strictly,
-    # and the same bounds; a few hundred pairs of the n^2
+    # pairs (i, j): i at least as fast as j with no larger fixed cost, one of them strictly
+    # (a fixed cost a nanosecond smaller at least: less vanishes from the finish times'
+    # floats, and the tie goes to the lower rank), and the same bounds; a few hundred pairs
     rng = np.random.default_rng(n)
     i, j = rng.integers(0, n, (2, min(n * n, 400)))
-    keep = (v[i] >= v[j]) & (a[i] <= a[j]) & ((v[i] > v[j]) | (a[i] < a[j])) \
+    keep = (v[i] >= v[j]) & (a[i] <= a[j]) & ((v[i] > v[j]) | (a[i] < a[j] - 1e-9)) \
         & (lo[i] == lo[j]) & (hi[i] == hi[j])
     i, j = i[keep], j[keep]
     assert np.all(b[i] >= b[j]), [(int(x), int(y), int(b[x]), int(b[y]))
@@ -140,13 +141,13 @@ def test_equal_split_is_as_even_as_can_be(n, data):
         split.equal_split(n - 1, n)
 
 
-@share(3.0)
+@share(3.0, props=1.5)
 @given(WORKERS, st.data())
 def test_every_worker_scales_its_own_slice_to_its_part_of_the_whole(n, data):
-    sizes = np.array(data.draw(st.one_of(
-        st.lists(st.integers(1, 500), min_size=n, max_size=n) if n <= 8 else st.nothing(),
-        st.integers(0, 2 ** 32 - 1).map(
-            lambda seed: np.random.default_rng(seed).integers(1, 500, n).tolist()))))
+    if n <= 8 and data.draw(st.booleans()):
+        sizes = np.array(data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n)))
+    else:
+        sizes = np.random.default_rng(data.draw(st.integers(0, 2 ** 32 - 1))).integers(1, 500, n)
     total = data.draw(spread(n, 4 * int(sizes.sum())))
     whole = split.rescale(sizes, total)
     pieces = [split.rescale_slice(split.slice_of(sizes, i), i, n, total) for i in range(n)]
