@@ -85,6 +85,8 @@ class Setup:
     min_batch: Optional[int] = None   # --min-batch-size (None: the default)
     batchnorm: bool = False           # the model has BatchNorm layers
     batch_range: Optional[str] = None  # courier, goodput: --batch-range
+    #: the coordinator's --time-model (speed.TIME_MODELS)
+    time_model: str = "linear"
     #: each worker's time model, t_i(b) = intercept_i + b / speed_i (seconds)
     speed: Optional[Sequence[float]] = None
     intercept: Optional[Sequence[float]] = None
@@ -161,7 +163,7 @@ class Job:
         self.mode = modes.get(s.sync)
         self.coordinator = Coordinator(CoordinatorConfig(
             num_workers=s.n, token=TOKEN, sync=s.sync, predictor="last", exog=(),
-            time_model="linear", max_batch=s.max_batch, min_batch=s.min_batch,
+            time_model=s.time_model, max_batch=s.max_batch, min_batch=s.min_batch,
             sync_options={k: v for k, v in s.options().items() if v is not None},
             resume_manifest=manifest, resume_state=state))
         self.plan = epochs.EpochPlan(s.N, s.B, s.last_batch)
