@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo lint test test-bench test-fast bench clean
+.PHONY: venv demo lint test test-props test-bench test-fast bench clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,15 @@ lint: venv
 
 test: venv
 	$(BIN)/python -m pytest -q tests -m "not bench"
+
+# The property tests of the pure core (tests/test_props_*.py) on new examples: a new seed
+# (printed; `make test-props SEED=N` draws the same again) and 10 to 25 times the examples
+# of `make test`, which keeps one seed (tests/conftest.py). CI runs it after `make test`:
+# about 3 minutes of CPU.
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+test-props: venv
+	$(BIN)/python -m pytest -q tests/test_props_*.py --hypothesis-profile=props \
+		--hypothesis-seed=$(SEED) --hypothesis-show-statistics
 
 # Every benchmark command README.md and benchmarks/README.md quote, at its --smoke size
 # (tests/test_bench_commands.py): minutes; CI runs it after `make test`.

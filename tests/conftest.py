@@ -16,8 +16,16 @@ import psutil
 import pytest
 from hypothesis import settings
 
-# Property tests draw seeded inputs: the same examples on every run and in CI.
-settings.register_profile("seeded", derandomize=True, deadline=None)
+# Property tests (tests/test_props_*.py, tests/test_balancer.py) draw their examples from a
+# seed: in `make test` the fixed one below, the same examples on every run and in CI; `make
+# test-props` gives a new one (--hypothesis-seed) and the profile "props", 25 times the
+# examples (a slow property fewer: tests/props.py's share). Either way the seed is printed
+# (header and summary): `make test-props SEED=N` draws a run's examples again. No example
+# database in `make test`: what it runs is the seed's examples and the tests' own
+# @example's, nothing a previous run left behind.
+HYPOTHESIS_SEED = 0
+settings.register_profile("seeded", max_examples=40, deadline=None, database=None)
+settings.register_profile("props", max_examples=1000, deadline=None)
 settings.load_profile("seeded")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +36,27 @@ PY = sys.executable
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
 os.environ["PATH"] = os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # before hypothesis's own plugin reads it: a run without --hypothesis-seed is seeded too
+    if config.getoption("--hypothesis-seed") is None:
+        config.option.hypothesis_seed = str(HYPOTHESIS_SEED)
+
+
+def _hypothesis_line(config) -> str:
+    return (f"hypothesis: seed {config.getoption('--hypothesis-seed')}, profile "
+            f"{settings._current_profile!r} ({settings.default.max_examples} examples per "
+            "property, times its share in tests/props.py)")
+
+
+def pytest_report_header(config):
+    return _hypothesis_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    terminalreporter.write_line(_hypothesis_line(config))
 
 
 @dataclass

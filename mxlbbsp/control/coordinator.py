@@ -52,7 +52,12 @@ from mxlbbsp.control.config import CoordinatorConfig, Progress, Waiting
 from mxlbbsp.control.connection import hello_gate, listen
 from mxlbbsp.control.inbox import Inbox, relay_config
 from mxlbbsp.control.recorder import Recorder
-from mxlbbsp.control.registration import auto_min_batch, check_hellos, uneven_end
+from mxlbbsp.control.registration import (
+    auto_min_batch,
+    check_hellos,
+    first_global_batch,
+    uneven_end,
+)
 from mxlbbsp.control.speed import SpeedModel
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import split as _split
@@ -436,9 +441,13 @@ class Coordinator:
                 self._fail(problem, kind="config")
             else:
                 B = int(self._hellos[0]["global_batch_size"])
+                if self._start:
+                    # a resumed job may start at an epoch's short last batch: its split,
+                    # not B's, which each worker would scale down without the bounds
+                    B = first_global_batch(self._hellos[0], self._start)
                 self._sizes = np.asarray(self._policy.first_split(B))
                 resumed = self._resumed_sizes
-                if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
+                if resumed is not None and self._policy.sends and self.balancer.fits(resumed, B):
                     self._sizes = resumed          # the split balancing had reached
                 self._hand_off_forecasts()
                 self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))

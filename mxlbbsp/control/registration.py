@@ -14,6 +14,10 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from mxlbbsp import modes as _modes
+from mxlbbsp.core.epochs import EpochPlan
+from mxlbbsp.core.split import equal_split
+
 #: the smallest local batch of a model with BatchNorm layers when --min-batch-size is not
 #: given: their statistics come from each worker's own batch, and batch norm degrades quickly
 #: below about 8 samples per device (Wu & He, "Group Normalization", 2018, fig. 1); at most a
@@ -58,8 +62,10 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
     if N < B:
         return (f"the data set has {N} samples, fewer than one global batch ({B}); use a "
                 "smaller global batch size")
+    # the epoch's last, short global batch of B; a mode that chooses B(t) cuts its epochs
+    # itself, within what the workers can split (modes.lbbsp.BatchChoosingPolicy)
     short = hellos[0].get("min_global_batch") or B
-    if short < n:
+    if short < n and not _modes.get(config.sync).sets_batch:
         return (f"the last global batch of each epoch has {short} samples, fewer than the "
                 f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                 "the global batch size")
@@ -82,6 +88,17 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
                 f"{caps[rank]} (its DataLoader's max_batch_size or --max-batch-size): no "
                 f"split can give it both; use --min-batch-size {caps[rank]} or less, or raise "
                 "the maximum")
+    if not policy.sends and any(c is not None for c in caps):
+        # the workers split each global batch equally by themselves (bsp, asp): the largest
+        # shares are those of B, the lowest ranks' when it does not divide evenly
+        shares = equal_split(B, n)
+        rank = next((r for r, c in enumerate(caps) if c is not None and shares[r] > c), None)
+        if rank is not None:
+            return (f"--sync {config.sync} splits every global batch equally: worker {rank} "
+                    f"would get {shares[rank]} samples of {B}, more than its maximum batch "
+                    f"size {caps[rank]} (its DataLoader's max_batch_size or "
+                    "--max-batch-size); raise it, use more workers, or use --sync lbbsp, "
+                    "which splits within the caps")
     if all(c is not None for c in caps):
         balancer.max_batch = np.array(caps, dtype=np.int64)
         if sum(caps) < B:
@@ -95,6 +112,16 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
         balancer.max_batch = np.array([largest if c is None else c for c in caps],
                                       dtype=np.int64)
     return None
+
+
+def first_global_batch(hello: dict, start: int) -> int:
+    """The global batch of a job's first iteration, ``start`` (> 0: resumed), as a
+    worker's ``hello`` describes its DataLoader: its global batch size, or the short last
+    batch of an epoch when the job resumes there."""
+    order = hello.get("order") or {}
+    plan = EpochPlan(int(hello["dataset_size"]), int(hello["global_batch_size"]),
+                     order.get("last_batch") or "keep")
+    return plan.batch(plan.position(start)[1])[1]
 
 
 def _check_identity(hellos: Sequence[dict]) -> Optional[str]:

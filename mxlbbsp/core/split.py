@@ -242,6 +242,30 @@ class Balancer:
             lo = np.maximum(np.minimum(lo, np.asarray(self.max_batch, dtype=np.int64)), 1)
         return lo
 
+    def fits(self, sizes, total: int) -> bool:
+        """Whether ``sizes`` is a split of ``total`` within this balancer's bounds."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        return int(sizes.sum()) == int(total) and bool(
+            np.all(sizes >= self.lower(total, len(sizes))) and (
+                self.max_batch is None or np.all(sizes <= np.asarray(self.max_batch))))
+
+    def scale(self, sizes: Sequence[int], total: int) -> np.ndarray:
+        """``sizes`` (a split in force) scaled to a global batch of ``total``, in its
+        proportions as far as the bounds allow: the split of an iteration before any speed
+        was learnt (the warm-up; :meth:`even` at the first iteration). :func:`rescale` keeps
+        the proportions without the bounds: a worker's cap or least local batch would not
+        hold."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if self.fits(sizes, total):
+            return sizes
+        return allocate(TimeModel.linear(np.maximum(sizes, 1).astype(float)), total,
+                        self.lower(total, len(sizes)), self.max_batch)
+
+    def even(self, total: int, n: int) -> np.ndarray:
+        """The split of ``total`` among ``n`` workers as even as the bounds allow: the equal
+        split (:func:`equal_split`) unless a worker's cap is below its share."""
+        return self.scale(np.ones(n, dtype=np.int64), total)
+
     def allocate(self, model: TimeModel, total: int,
                  current: Optional[Sequence[int]] = None) -> np.ndarray:
         """The next allocation, or ``current`` when the gain is below the threshold."""
@@ -254,8 +278,7 @@ class Balancer:
         if current.shape != new.shape or int(current.sum()) != total:
             self.decision = "new split (the global batch changed)"
             return new
-        if np.any(current < lower) or (
-                self.max_batch is not None and np.any(current > np.asarray(self.max_batch))):
+        if not self.fits(current, total):
             self.decision = "new split (the current one breaks a per-worker limit)"
             return new
         # Over the workers whose batch would change: one that keeps its batch and finishes

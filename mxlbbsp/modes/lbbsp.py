@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from mxlbbsp.core import epochs as _epochs
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.core import split as _split
@@ -22,10 +23,14 @@ from ._api import CoordinatorPolicy, Option, SyncMode, register
 class LBBSPPolicy(CoordinatorPolicy):
     sends = True
 
+    def first_split(self, global_batch: int) -> np.ndarray:
+        """The equal split within the workers' caps: no speed is known yet."""
+        return self.coordinator.balancer.even(global_batch, self.num_workers)
+
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
         if next_B is None:
             return current
-        sizes = _split.rescale(current, next_B)
+        sizes = self.coordinator.balancer.scale(current, next_B)
         self.coordinator.send_split(t + 1, sizes)
         return sizes
 
@@ -100,19 +105,24 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.dataset_size = int(hellos[0]["dataset_size"])
         if self.dataset_size < n:
             return f"the data set has {self.dataset_size} samples, fewer than the {n} workers"
-        caps = self.coordinator.balancer.max_batch
-        if caps is not None:
-            most = int(np.sum(caps))
+        most = self.most
+        if most is not None:
             if most < self.lo:
                 return (f"--batch-range {self.lo}:{self.hi}: the workers' maximum batch sizes "
                         f"add up to {most}, less than the range's minimum; lower the minimum "
                         "to at most that, or raise --max-batch-size")
+            if not _epochs.cuttable(self.dataset_size, n, most):
+                return (f"the data set's {self.dataset_size} samples cannot be cut into global "
+                        f"batches of {n} to {most} samples (a sample for each of the {n} "
+                        f"workers, at most their maximum batch sizes together); raise "
+                        "--max-batch-size, or use fewer workers")
         return None
 
     def first_split(self, global_batch):
-        B = int(min(max(global_batch, self.lo), self.hi, self.dataset_size or global_batch))
+        B = int(min(max(global_batch, self.lo), self.hi))
+        B = self._cap(B, self.dataset_size or None)
         self.totals[0] = B
-        return _split.equal_split(B, self.num_workers)
+        return self.coordinator.balancer.even(B, self.num_workers)
 
     @property
     def least(self) -> int:
@@ -120,21 +130,21 @@ class BatchChoosingPolicy(LBBSPPolicy):
         (``--min-batch-size``; 8 by default once a worker reports BatchNorm layers)."""
         return self.num_workers * max(int(self.coordinator.balancer.min_batch), 1)
 
-    def _cap(self, B: int, cap: Optional[int]) -> int:
-        """B, at least :attr:`least`, within the rest of the epoch (``cap``): a rest smaller
-        than :attr:`least` could not be split, so it joins this batch."""
-        least = self.least
-        B = max(B, least)
+    @property
+    def most(self) -> Optional[int]:
+        """The largest global batch the workers can hold together (None: a worker has no
+        cap)."""
         caps = self.coordinator.balancer.max_batch
-        if caps is not None:
-            # a B(t) above what the workers can hold together could never be split
-            B = min(B, int(np.sum(caps)))
+        return None if caps is None else int(np.sum(caps))
+
+    def _cap(self, B: int, cap: Optional[int]) -> int:
+        """B, at least :attr:`least` and at most :attr:`most`, cut from the rest of the
+        epoch (``cap``) so that what it leaves can be split too (:func:`mxlbbsp.core.epochs.
+        cut`: a rest smaller than :attr:`least` joins this batch)."""
         if cap is None:
-            return B
-        B = min(B, cap)
-        if 0 < cap - B < least:
-            B = cap
-        return B
+            B = max(B, self.least)
+            return B if self.most is None else min(B, self.most)
+        return _epochs.cut(B, cap, self.num_workers, self.most, self.least)
 
     def _decided(self, t: int, sizes) -> None:
         self.totals[t + 1] = int(np.sum(sizes))
@@ -161,7 +171,7 @@ class BatchChoosingPolicy(LBBSPPolicy):
 
     def warmup(self, t, next_B, current):
         B = self._cap(self.totals.get(t, int(current.sum())), next_B)
-        sizes = _split.rescale(current, B)
+        sizes = self.coordinator.balancer.scale(current, B)
         self._before_split(t + 1, sizes)
         self.coordinator.send_split(t + 1, sizes)
         self._decided(t, sizes)

@@ -12,6 +12,7 @@ from typing import List
 import numpy as np
 
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import epochs as _epochs
 from mxlbbsp.core.store import CheckpointError, read_manifest, write_checkpoint
 from mxlbbsp.worker import session as _session
 
@@ -46,13 +47,10 @@ def write_state(directory: str, sess, params, t: int, arrays: dict, optimizer: b
     """A checkpoint of the state after iteration ``t``: ``arrays`` (``p<i>``: the value of
     the trainer's i-th parameter), ``optimizer`` (MXNet's Updater states with the
     optimizer, pickled), the loader's position from the session."""
-    length = getattr(sess, "epoch_length", None)
     manifest = {
         "global_batch_size": sess.global_batch_size,
         "dataset_size": getattr(sess, "dataset_size", None),
-        "epoch_length": length,
-        "epoch": (t + 1) // length if length else None,
-        "index_in_epoch": (t + 1) % length if length else None,
+        **_epochs.checkpoint_position(t, getattr(sess, "epoch_length", None)),
         "num_workers": sess.num_workers,
         "sync": sess.sync,
         "params": _signature(params),
@@ -110,12 +108,11 @@ def loader_start(path: str, global_batch_size: int, dataset_size: int, epoch_len
         m = read_manifest(path)
     except CheckpointError as exc:
         _fail(str(exc))
-    if m["global_batch_size"] != global_batch_size or \
-            m.get("dataset_size") not in (None, dataset_size) or \
-            m.get("epoch_length") not in (None, epoch_length):
+    start = _epochs.resume_start(m, global_batch_size, dataset_size, epoch_length)
+    if start is None:
         if _env.coordinator() is not None:
             return 0        # the coordinator refuses the job at registration, in one line
         _fail(f"--resume {path}: the checkpoint was written with a global batch size of "
               f"{m['global_batch_size']} on {m.get('dataset_size')} samples, this job has "
               f"{global_batch_size} on {dataset_size}; resume with the same data and batch size")
-    return int(m["iteration"]) + 1
+    return start

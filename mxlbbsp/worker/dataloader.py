@@ -24,13 +24,14 @@ from mxnet import context, gluon
 from mxnet.gluon.data import dataloader as _gdl
 
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import epochs as _epochs
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import split as _split
 from mxlbbsp.core.planner import replay_from_metrics
 from mxlbbsp.worker import checkpoint as _ckpt
 from mxlbbsp.worker import session as _session
 
-LAST_BATCH = ("keep", "discard")
+LAST_BATCH = _epochs.LAST_BATCH
 
 
 class DataLoader:
@@ -99,6 +100,7 @@ class DataLoader:
         self._shuffle = shuffle
         self._seed = int(seed)
         self._last_batch = last_batch
+        self._plan = _epochs.EpochPlan(self._size, self.global_batch_size, last_batch)
         self._max_batch = max_batch_size
         self._timeout = timeout
         self._epoch = 0
@@ -121,9 +123,8 @@ class DataLoader:
         self._start = 0             # the first iteration this job runs (> 0 when resumed)
         resume = _env.resume()
         if resume is not None:
-
             self._start = _ckpt.loader_start(resume, self.global_batch_size, self._size,
-                                                  len(self))
+                                             len(self))
 
     @property
     def resumed_iteration(self) -> int:
@@ -137,30 +138,12 @@ class DataLoader:
 
     # ---- the epoch plan -----------------------------------------------------------------
 
-    def _global_batches(self):
-        """(start, size) of each global batch of an epoch."""
-        B, N = self.global_batch_size, self._size
-        full, rest = divmod(N, B)
-        batches = [(k * B, B) for k in range(full)]
-        if rest and (self._last_batch == "keep" or full == 0):
-            batches.append((full * B, rest))
-        return batches
-
     def __len__(self) -> int:
         sess = _session.current()
         if self._schedule is not None or (sess is not None and sess.sets_batch):
             raise TypeError("the number of iterations of an epoch is not fixed: the "
                             "coordinator chooses each global batch (--sync courier)")
-        return len(self._global_batches())
-
-    @property
-    def _min_global_batch(self) -> int:
-        return min(size for _, size in self._global_batches())
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if not self._shuffle:
-            return np.arange(self._size)
-        return np.random.default_rng([self._seed, epoch]).permutation(self._size)
+        return self._plan.length
 
     # ---- iteration ----------------------------------------------------------------------
 
@@ -175,7 +158,7 @@ class DataLoader:
 
     def __iter__(self):
         sess = _session.open_session(self.global_batch_size, self._size,
-                                     self._min_global_batch, self._max_batch,
+                                     self._plan.smallest, self._max_batch,
                                      identity=self.identity)
         if self._pool is not None and not self._listening:
             sess.on_allocation(self._on_allocation)
@@ -186,31 +169,26 @@ class DataLoader:
                 sess.lr_schedule = self._lr_factors
             yield from self._iter_following(sess)
             return
-        order = self._order(self._epoch)
-        batches = self._global_batches()
-        sess.epoch_length = len(batches)
-        first_next_epoch = min(self.global_batch_size, self._size)
+        plan = self._plan
+        order = _epochs.order(self._size, self._epoch, self._shuffle, self._seed)
+        sess.epoch_length = plan.length
         epoch, self._epoch = self._epoch, self._epoch + 1
-        first_epoch, skip = divmod(self._start, len(batches))
-        if epoch < first_epoch:
+        skip = plan.first_index(self._start, epoch)
+        if skip is None:
             return                  # done before the checkpoint
-        if epoch > first_epoch:
-            skip = 0
         if sess.iteration < 0 and self._start > 0:
             sess.first_iteration = self._start
             sess.iteration = self._start - 1
-        for k, (start, size) in enumerate(batches):
-            if k < skip:
-                continue
-            nxt = batches[k + 1][1] if k + 1 < len(batches) else first_next_epoch
-            sess.next_global_batch = lambda nxt=nxt: nxt
+        for k in range(skip, plan.length):
+            start, size = plan.batch(k)
+            sess.next_global_batch = lambda nxt=plan.next_size(k): nxt
             t, offset, local = sess.next_iteration(size)
             indices = order[start + offset:start + offset + local]
             if self._pool is None:
                 yield self._batchify([self._dataset[int(i)] for i in indices])
                 continue
-            if k + 1 < len(batches):
-                self._arm(sess, t + 1, order, batches[k + 1])
+            if k + 1 < plan.length:
+                self._arm(sess, t + 1, order, plan.batch(k + 1))
             yield self._collect(t, indices)
         with self._lock:
             self._expect = None
@@ -218,7 +196,7 @@ class DataLoader:
     def _iter_following(self, sess):
         """One epoch whose global batches B(t) are chosen as it runs (by the coordinator, or
         by ``batch_schedule``), cut one after another from the epoch's permutation."""
-        order = self._order(self._epoch)
+        order = _epochs.order(self._size, self._epoch, self._shuffle, self._seed)
         self._epoch += 1
         N, cursor = self._size, 0
         while cursor < N:
@@ -237,11 +215,9 @@ class DataLoader:
             if total > N - cursor:
                 raise RuntimeError(f"global batch {total} of iteration {t} runs past the end "
                                    f"of the epoch ({N - cursor} samples left)")
-            rest = N - cursor - total
-            # the most the next global batch may take: the rest of the epoch, or a new epoch
-            sess.next_global_batch = lambda rest=rest: rest if rest > 0 else N
             indices = order[cursor + offset:cursor + offset + local]
             cursor += total
+            sess.next_global_batch = lambda cap=_epochs.next_cap(N, cursor): cap
             if self._pool is None:
                 yield self._batchify([self._dataset[int(i)] for i in indices])
             else:
