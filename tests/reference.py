@@ -12,7 +12,7 @@ batch's inputs to the layer, by MXNet's own BatchNorm (a copy of the layer steps
 Nothing of mxlbbsp is imported: the test compares the job's parameters with what this makes.
 
     python tests/reference.py JOB_DIR OUT.params --model M --samples N [--lr LR]
-        [--momentum M] [--metrics METRICS.jsonl]
+        [--momentum M] [--lr-decay] [--metrics METRICS.jsonl]
 """
 import argparse
 import glob
@@ -163,14 +163,17 @@ def main(argv=None) -> None:
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr-decay", action="store_true")
     p.add_argument("--metrics")
     args = p.parse_args(argv)
     batches = read_ledger(args.job_dir)
     epochs = check_epochs(batches, args.samples)
     net = ledger_models.model(args.model)
     net.load_parameters(os.path.join(args.job_dir, "init.params"))
-    train(net, ledger_models.arrays(args.samples), batches,
-          {"learning_rate": args.lr, "momentum": args.momentum}, lr_factors(args.metrics))
+    opt = {"learning_rate": args.lr, "momentum": args.momentum}
+    if args.lr_decay:
+        opt["lr_scheduler"] = ledger_models.lr_schedule()
+    train(net, ledger_models.arrays(args.samples), batches, opt, lr_factors(args.metrics))
     net.save_parameters(args.out)
     assert "mxlbbsp" not in sys.modules, "the reference must not import mxlbbsp"
     print(f"reference: {len(batches)} iterations, {epochs} whole epoch(s)")

@@ -29,6 +29,11 @@ def dataset(samples: int, seed: int = 1234):
     return gluon.data.ArrayDataset(nd.array(x), nd.array(y), nd.array(index))
 
 
+def lr_schedule():
+    """The learning-rate schedule of ``--lr-decay``: 0.7x every 10 updates."""
+    return mx.lr_scheduler.FactorScheduler(step=10, factor=0.7)
+
+
 def model(name: str, bn_momentum: float = 0.9):
     """``mlp``: two dense layers; ``bn``: with a BatchNorm between them (softplus, not ReLU:
     a ReLU's kink amplifies float rounding). Every shape given, so that ``initialize()``
