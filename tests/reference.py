@@ -19,7 +19,7 @@ import glob
 import json
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 from mxnet import autograd, gluon, nd
@@ -32,14 +32,17 @@ class LedgerError(AssertionError):
     """The job's ledger breaks the slicing rule (a sample twice, a gap, a rank missing)."""
 
 
-def read_ledger(job_dir: str) -> List[List[List[int]]]:
-    """Per iteration 0..T-1, the workers' slices in rank order. Where launches overlap (a
-    restart trains again what it lost), the launch that wrote the iteration last wins."""
+def read_ledger(*job_dirs: str) -> List[List[List[int]]]:
+    """Per iteration 0..T-1, the workers' slices in rank order, from the ledgers in
+    ``job_dirs`` (one job's folders: a resumed launch may write to another). Where launches
+    overlap (a restart trains again what it lost), the launch that wrote the iteration last
+    wins."""
     lines = []
-    for path in glob.glob(os.path.join(job_dir, "ledger-rank*.jsonl")):
-        lines += [json.loads(line) for line in open(path) if line.strip()]
+    for job_dir in job_dirs:
+        for path in glob.glob(os.path.join(job_dir, "ledger-rank*.jsonl")):
+            lines += [json.loads(line) for line in open(path) if line.strip()]
     if not lines:
-        raise LedgerError(f"no ledger in {job_dir}")
+        raise LedgerError(f"no ledger in {', '.join(job_dirs)}")
     by_launch: Dict[int, Dict[str, list]] = {}
     for row in lines:
         by_launch.setdefault(row["iteration"], {}).setdefault(row["launch"], []).append(row)
@@ -106,9 +109,11 @@ def _whole_batch_statistics(layer, x, mean0, var0):
     layer.running_var.set_data(twin.running_var.data())
 
 
-def train(net, data, batches, opt: dict, factors: Dict[int, float]) -> None:
+def train(net, data, batches, opt: dict, factors: Dict[int, float],
+          constant: Optional[int] = None) -> None:
     """Plain Gluon on the recorded global batches (module docstring); ``data``: the data
-    set's (features, labels) arrays."""
+    set's (features, labels) arrays. ``constant``: every step is ``step(constant)`` (a
+    script that passes its constant batch size: the short last batch is divided by it too)."""
     layers = [b for b in _blocks(net) if isinstance(b, gluon.nn.BatchNorm)]
     seen = {id(b): [] for b in layers}
     for b in layers:
@@ -138,7 +143,7 @@ def train(net, data, batches, opt: dict, factors: Dict[int, float]) -> None:
                 b.running_var.set_data(before[id(b)][1])
         for b in layers:
             _whole_batch_statistics(b, np.concatenate(seen[id(b)], axis=0), *before[id(b)])
-        total = sum(len(piece) for piece in slices)
+        total = constant or sum(len(piece) for piece in slices)
         trainer.step(total / factors.get(t, 1.0))
 
 

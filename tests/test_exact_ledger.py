@@ -37,7 +37,9 @@ def ledger_job(tmp, launch_options, script_options, samples=300, model="mlp", lr
     job = mx.nd.load(str(tmp / "rank0.params"))
     for other in sorted(tmp.glob("rank*.params")):
         assert difference(mx.nd.load(str(other)), job) == 0, other   # one model everywhere
-    return r, difference(job, mx.nd.load(str(tmp / "ref.params")))
+    diff = difference(job, mx.nd.load(str(tmp / "ref.params")))
+    print(f"the largest difference from the reference: {diff:.2e}")
+    return r, diff
 
 
 @pytest.mark.parametrize("step", ["none", "one"])

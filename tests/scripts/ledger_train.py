@@ -21,11 +21,8 @@ from it). ``--die-at T``: rank 1 exits with code 9 after iteration T, once (a ma
 OUT_DIR), for --restarts.
 """
 import argparse
-import hashlib
-import json
 import os
 import sys
-import time
 
 from mxnet import autograd, gluon
 
@@ -69,9 +66,7 @@ if args.lr_decay:
     opt["lr_scheduler"] = ledger_models.lr_schedule()
 trainer = mxlbbsp.Trainer(net.collect_params(), "sgd", opt)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-# a launch's lines are told apart from an earlier launch's (a restart, a resume)
-launch = hashlib.sha1(os.environ.get("MXLBBSP_TOKEN", "single").encode()).hexdigest()[:8]
-ledger = open(os.path.join(args.out, f"ledger-rank{rank}.jsonl"), "a")
+ledger = ledger_models.Ledger(args.out, rank, mxlbbsp.num_workers())
 died = os.path.join(args.out, "died")
 t = loader.resumed_iteration
 for epoch in range(args.epochs):
@@ -86,10 +81,7 @@ for epoch in range(args.epochs):
         # before the step: a worker may end inside it (an elastic job's hand-over halts
         # there) after its iteration counted; a line of an iteration never finished is
         # written again by the launch that trains it (the later launch's lines win)
-        ledger.write(json.dumps({"iteration": t, "rank": rank, "workers": mxlbbsp.num_workers(),
-                                 "launch": launch, "time": time.time(),
-                                 "indices": [int(i) for i in index.asnumpy()]}) + "\n")
-        ledger.flush()
+        ledger.write(t, index)
         if args.step == "one":
             trainer.step(1)
         elif args.step == "n":
