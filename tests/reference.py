@@ -18,8 +18,10 @@ import argparse
 import glob
 import json
 import os
+import re
+import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mxnet import autograd, gluon, nd
@@ -158,6 +160,31 @@ def difference(job: dict, reference: dict) -> float:
         a, b = job[k].asnumpy(), reference[k].asnumpy()
         worst = max(worst, float(np.abs(a - b).max()) / max(float(np.abs(b).max()), 1.0))
     return worst
+
+
+def command(job_dir, out, *, samples: int, model: str = "mlp", lr: float = 0.1,
+            momentum: float = 0.9, lr_decay: bool = False, metrics=None) -> List[str]:
+    """The command line that runs this reference on ``job_dir`` (a process of its own)."""
+    argv = [sys.executable, os.path.abspath(__file__), str(job_dir), str(out), "--model", model,
+            "--samples", str(samples), "--lr", str(lr), "--momentum", str(momentum)]
+    return argv + (["--lr-decay"] if lr_decay else []) + (
+        ["--metrics", str(metrics)] if metrics else [])
+
+
+def against(job_dir, params: str = "rank0.params", **options) -> Tuple[float, int]:
+    """Run the reference on the ledger in ``job_dir`` (:func:`command`'s ``options``) in a
+    process of its own; (the largest :func:`difference` between the job's ``params`` there
+    and the reference's, the number of whole epochs it trained). Its output is in the
+    AssertionError when it fails."""
+    out = os.path.join(str(job_dir), "ref.params")
+    p = subprocess.run(command(job_dir, out, **options), capture_output=True, text=True,
+                       timeout=600)
+    if p.returncode != 0:
+        raise AssertionError(f"the reference failed on {job_dir}:\n{p.stdout}{p.stderr}")
+    epochs = int(re.search(r"(\d+) whole epoch", p.stdout)[1])
+    diff = difference(nd.load(os.path.join(str(job_dir), params)), nd.load(out))
+    print(f"the largest difference from the reference: {diff:.2e} ({job_dir})")
+    return diff, epochs
 
 
 def main(argv=None) -> None:

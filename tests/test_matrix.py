@@ -63,7 +63,6 @@ import math
 import os
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Callable, List, Optional, Tuple
 
@@ -72,12 +71,11 @@ import numpy as np
 import pytest
 
 from conftest import PY, ROOT, run_mxlbbsp
-from reference import difference
+from reference import against, command, difference
 
 pytestmark = pytest.mark.cluster
 
 SCRIPT = ROOT / "tests" / "scripts" / "ledger_train.py"
-REFERENCE = ROOT / "tests" / "reference.py"
 SEED = int(os.environ.get("MXLBBSP_MATRIX_SEED", "7"))
 JOBS = 12
 TOLERANCE = 1e-4
@@ -274,10 +272,10 @@ class Job:
                   *common, "--resume", ckpt, *script]
         return [[str(x) for x in first], [str(x) for x in second]]
 
-    def reference(self, folder) -> List[str]:
-        return [str(x) for x in (PY, REFERENCE, folder / "job", folder / "ref.params",
-                                 "--model", self.model, "--samples", self.samples, "--lr", LR,
-                                 "--momentum", MOMENTUM, "--metrics", folder / "m.jsonl")]
+    def reference(self, folder) -> dict:
+        """tests/reference.py's options (:func:`reference.against`)."""
+        return dict(model=self.model, samples=self.samples, lr=LR, momentum=MOMENTUM,
+                    metrics=folder / "m.jsonl")
 
     def story(self, folder) -> str:
         """The configuration and the commands that reproduce it (from the checkout)."""
@@ -289,7 +287,9 @@ class Job:
             if k == 0 and len(runs) > 1:
                 lines.append(f"  mkdir {folder / 'first'} && mv {folder / 'job'}/rank*.params "
                              f"{folder / 'first'}/")
-        lines.append("  " + shlex.join(self.reference(folder)))
+        job = folder / "job"
+        lines.append("  " + shlex.join(command(job, job / "ref.params",
+                                               **self.reference(folder))))
         lines.append(f"or: MXLBBSP_MATRIX_SEED={self.seed} {PY} -m pytest -q "
                      f"tests/test_matrix.py -k '{self.id}'")
         lines.append(f"(the split follows measured speeds: this run's ledger and metrics are "
@@ -454,17 +454,16 @@ def test_job(job, tmp_path):
                 shutil.move(str(params), folder / "first" / params.name)
     if job.resume_onto is not None:
         assert f"resuming from iteration {job.stop_after + 1}" in stderr, story
-    ref = subprocess.run(job.reference(folder), capture_output=True, text=True, timeout=600,
-                         cwd=ROOT)
-    assert ref.returncode == 0, f"{story}\nthe reference:\n{ref.stdout}{ref.stderr}"
-    assert f"{job.epochs} whole epoch(s)" in ref.stdout, f"{story}\n{ref.stdout}"
     params = sorted((folder / "job").glob("rank*.params"))
     assert len(params) == job.workers[-1], story
     ours = mx.nd.load(str(params[0]))
     for other in params[1:]:
         assert difference(mx.nd.load(str(other)), ours) == 0, f"{story}\n{other} differs"
-    diff = difference(ours, mx.nd.load(str(folder / "ref.params")))
-    print(f"{job.id}: the largest difference from the reference {diff:.2e}")
+    try:
+        diff, epochs = against(folder / "job", **job.reference(folder))
+    except AssertionError as exc:
+        raise AssertionError(f"{story}\n{exc}") from None
+    assert epochs == job.epochs, f"{story}\nthe reference trained {epochs} whole epoch(s)"
     assert diff <= TOLERANCE, f"{story}\nthe largest difference from the reference: {diff}"
 
     records = [json.loads(line) for line in open(folder / "m.jsonl")]
