@@ -16,47 +16,51 @@ last batch: for BatchNorm under n x 8, BatchNorm's least local batch) or large; 
 iteration (``--stop-after``: the job ends normally, with a final checkpoint) and resumed
 onto n-1 or n+1 workers (lbbsp and bsp: the modes that checkpoint). Each value of each
 factor is in every draw (a balanced design: the values are dealt out, then shuffled), and so
-is every pair of sync mode and resume, with two goodput and two courier jobs at least. Sizes
+is every pair of lbbsp or bsp and a resume, with two goodput and two courier jobs at least. Sizes
 (B, N, epochs, the iteration of the stop), the workers' slowdowns and emulated compute are
 drawn too. One more job always: 8 workers, uneven (emulated compute and slowdowns), with a
 short last batch. The launch options that no other test runs in a real job ride along in
 :data:`BUNDLES`, each on one job of the draw at least, and each is checked for its effect.
 A failure prints the configuration and the commands that reproduce it.
 
-Launch options and the test whose real job runs each (``tests/<file>::<test>``):
+Launch options and a test whose real job runs each (``tests/<file>::<test>``; ``[...+x...]``:
+the matrix job that carries bundle x; a default value runs in every job that does not set
+the option):
 
-    -n/--num-workers, --metrics, --progress, --env   every job (tests/conftest.py run_mxlbbsp)
-    -s/--num-servers 2, --launcher local, --bind     test_matrix::test_job[...+servers...]
-    -H/--hostfile, --ssh-port, --ssh-identity,       test_ssh.py (sshd on 127.0.0.1/.2), e.g.
-      --ssh-option, --launcher ssh                     test_ssh::test_two_hosts_train_exactly
-    --launcher slurm                                 test_slurm.py
+    -n/-np/--num-workers, --metrics, --progress,     every job; -np: test_conventions::
+      --env                                            test_options_after_the_command_are_...
+    -s/--num-servers 2, --launcher local, --bind,    test_matrix::test_job[...+servers...]
+      --relay off
+    --relay on, --hubs on                            test_matrix::test_job[...+relay...],
+                                                       test_cluster::test_lbbsp_ends_with_...
+    -H/--hostfile, --ssh-port, --ssh-identity,       test_ssh::test_two_hosts_train_to_the_end
+      --ssh-option
+    --launcher ssh, --remote-python                  test_ssh::test_remote_python_is_what_...
+    --launcher slurm (the default in an allocation)  test_slurm.py
     --sync lbbsp|bsp|goodput|courier                 test_matrix::test_job[...]
     --sync asp, r2sp                                 test_modes_cluster::test_async_modes_...
     --r2sp-gap-ratio, --r2sp-tuning                  test_matrix::test_r2sp_options_...
     --deadline, --epochs, --batch-range              test_matrix::test_job[...courier...]
-    --lr-scaling linear|sqrt|none|adascale           test_matrix::test_job[...courier/goodput]
+    --lr-scaling linear|adascale (explicit)          test_matrix::test_job[...courier/goodput]
+    --lr-scaling sqrt, none                          test_matrix::test_job[...+sqrt/+lr-none]
     --goodput-model homo                             test_matrix::test_job[...+homo...]
     --predictor ar, --threshold, --max-batch-size    test_matrix::test_job[...+ar...]
     --predictor narx-adam, --time-model affine       test_matrix::test_job[...+narx-adam...]
     --predictor ema, --time-model linear, -v         test_matrix::test_job[...+ema...]
     --predictor last, --exog none, --signals none    test_matrix::test_job[...+last...]
-    --predictor narx (default), --time-model auto    every job without those bundles
     --exog all, --signals all                        test_matrix::test_job[...+signals...]
     --exog COLS, --signals COLS                      test_signals::test_workers_report_...
     --min-batch-size                                 test_matrix::test_job[...+min-batch...],
                                                        test_diagnoses::test_a_starved_worker_...
-    --emulate-slowdown, --emulate-compute            every job of the matrix
+    --emulate-slowdown N,N,.., --emulate-compute     every job of the matrix
+    --emulate-slowdown TRACE.csv                     test_courier::test_courier_job_uses_...
     --tensorboard                                    test_diagnoses::test_logged_curves_...
     --log-dir, --stall-timeout                       test_matrix::test_job[...+logs...]
-    --ps-interface                                   test_ps_interface.py
-    --relay on, --hubs on                            test_matrix::test_job[...+relay...],
-                                                       test_cluster::test_lbbsp_ends_with_...
-    --relay off                                      test_matrix::test_job[...+servers...]
+    --ps-interface                                   test_ps_interface::test_ps_lite_listens_...
     --checkpoint-dir, --checkpoint-every, --resume   test_matrix::test_job[...-onto...]
     --restarts                                       test_checkpoint::test_a_dead_worker_...
-    --dry-run                                        test_hostfile.py (starts nothing)
-    --remote-python                                  none (an SSH job's interpreter; only its
-                                                       refusal runs, in test_ssh.py)
+    --dry-run                                        test_hostfile::test_dry_run_prints_...
+                                                       (starts nothing, by its definition)
 """
 import json
 import math
