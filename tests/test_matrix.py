@@ -333,18 +333,20 @@ def _slowdown(rng, n) -> str:
 
 def _mode_options(rng, sync, n, batch, model, epochs) -> Tuple[List[str], int]:
     """courier and goodput: their options, and the loader's B0, chosen so that B(t) must
-    move: goodput's range lies below B0; courier's B0 is none of its candidates."""
+    move: goodput's range lies below B0; courier's B0 is none of its candidates, and its
+    deadline is either missed from the start (the fastest B at once) or far (the smallest B
+    that meets it, after 5 plans agree)."""
     from mxlbbsp.core import planner
+    low = 8 * n if model == "bn" else 2 * n
     if sync == "goodput":
-        low = max(2 * n, 8 * n if model == "bn" else 2 * n)
         high = low + int(rng.integers(8, 24))
         return ["--batch-range", f"{low}:{high}"], high + int(rng.integers(6, 20))
     if sync == "courier":
-        low = max(8 * n if model == "bn" else 2 * n, 16)
+        low = max(low, 16)
         high = 4 * low
         grid = set(planner.candidates(low, high).tolist())
         b0 = next(b for b in rng.permutation(np.arange(low + 1, high)) if int(b) not in grid)
-        return ["--deadline", f"{int(rng.integers(15, 40))}s", "--epochs", str(epochs),
+        return ["--deadline", str(rng.choice(["2s", "90s"])), "--epochs", str(epochs),
                 "--batch-range", f"{low}:{high}"], int(b0)
     return [], batch
 
@@ -354,7 +356,9 @@ def _job(rng, seed, index, model, rest, n, sync, resume, batches=(24, 64)) -> Jo
     epochs = int(rng.choice([2, 3]))
     batch = int(rng.integers(batches[0], batches[1] + 1))
     mode_options, batch = _mode_options(rng, sync, n, batch, model, epochs)
-    samples = int(rng.integers(3, 7)) * batch + _rest(rng, rest, model, batch, max(workers))
+    # courier: 10 iterations at least, for 5 plans to agree
+    full = int(rng.integers(5, 8) if sync == "courier" else rng.integers(3, 7))
+    samples = full * batch + _rest(rng, rest, model, batch, max(workers))
     total = epochs * -(-samples // batch)
     # the first launch plans 2 iterations at least after its 2 of warm-up
     stop_after = int(rng.integers(3, total - 2)) if resume is not None else None
