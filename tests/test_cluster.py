@@ -125,23 +125,6 @@ def test_progress_lines_are_printed(lbbsp_run):
     assert "[mxlbbsp] started 2 worker(s)" in r.stderr
 
 
-def test_bsp_splits_equally_and_is_exact_too(tmp_path):
-    # with data-loading processes feeding a hybridized network, too; and every worker
-    # talking to the coordinator itself (--relay off), the path of a host of one worker
-    (tmp_path / "job").mkdir()
-    r = run_mxlbbsp("launch", "-n", 2, "--sync", "bsp", "--emulate-slowdown", "1,3",
-                    "--metrics", tmp_path / "m.jsonl", "--progress", "0", "--relay", "off",
-                    "--", PY, LEDGER, tmp_path / "job", *TRAIN, "--epochs", "1",
-                    "--loader-workers", "2", "--hybridize")
-    assert r.rc == 0, r.output
-    assert "started 2 worker(s) and 1 server(s)" in r.stderr, r.output     # no relay
-    _, by_iter = records(tmp_path / "m.jsonl")
-    assert all(it[0]["batch_size"] - it[1]["batch_size"] in (0, 1) for it in by_iter.values())
-    one_model(tmp_path / "job", 2)
-    diff, epochs = against(tmp_path / "job", samples=SAMPLES, metrics=tmp_path / "m.jsonl")
-    assert epochs == 1 and diff <= 1e-4
-
-
 @pytest.mark.parametrize("loader_workers", [0, 2])
 def test_workers_batches_tile_the_single_process_batches(tmp_path, loader_workers):
     """Slicing rule: at every iteration, rank 0's samples then rank 1's then rank 2's are

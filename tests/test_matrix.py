@@ -145,7 +145,7 @@ def _homo(job, folder, stderr, records):
 
 
 def _two_servers(job, folder, stderr, records):
-    assert " and 2 server(s); " in stderr
+    assert " worker(s) and 2 server(s); " in stderr and "relay(s)" not in stderr   # relay off
 
 
 def _logs(job, folder, stderr, records):
