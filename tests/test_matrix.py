@@ -68,6 +68,7 @@ import os
 import shlex
 import shutil
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import mxnet as mx
@@ -159,10 +160,6 @@ def _relayed(job, folder, stderr, records):
     assert "relay(s) through 1 hub(s)" in stderr
 
 
-def _prefetched(job, folder, stderr, records):
-    pass      # the exactness is the check: batches loaded by 2 processes, a hybridized net
-
-
 BUNDLES = (
     Bundle("ar", lambda j, d: ["--predictor", "ar", "--threshold", 0.1,
                                "--max-batch-size", _cap(j)],
@@ -188,8 +185,9 @@ BUNDLES = (
            lambda j: j.resume_onto is None, _logs),
     Bundle("relay", lambda j, d: ["--relay", "on", "--hubs", "on"], lambda j: True, _relayed),
     Bundle("min-batch", lambda j, d: ["--min-batch-size", 2], lambda j: j.model == "bn"),
-    Bundle("prefetch", lambda j, d: [], lambda j: True, _prefetched,
-           script=("--loader-workers", "2", "--hybridize")),
+    # batches loaded by 2 processes for a hybridized net: the reference is the check
+    Bundle("prefetch", lambda j, d: [], lambda j: True, script=("--loader-workers", "2",
+                                                                "--hybridize")),
 )
 BY_NAME = {b.name: b for b in BUNDLES}
 
@@ -402,14 +400,8 @@ def _deal_bundles(rng, jobs: List[Job]) -> List[Job]:
     return [replace(job, bundles=tuple(sorted(c))) for job, c in zip(jobs, carried)]
 
 
-class _Nowhere:
-    """A folder for :meth:`Bundle.option_names` (only the options' names are read)."""
-
-    def __truediv__(self, other):
-        return other
-
-
-_NOWHERE = _Nowhere()
+#: a folder for the bundles' options where only their names are read
+_NOWHERE = Path("nowhere")
 MATRIX = draw(SEED)
 
 

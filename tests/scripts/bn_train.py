@@ -42,9 +42,8 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]
+sys.path.insert(0, HERE)
 import ledger_models  # noqa: E402
-import reference as plain  # noqa: E402  (tests/reference.py)
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
@@ -172,6 +171,8 @@ def worker():
 
 
 def reference():
+    sys.path.insert(0, os.path.dirname(HERE))
+    import reference as plain        # tests/reference.py
     first = args.reference[0]
     batches = plain.read_ledger(*args.reference)
     data = np.load(os.path.join(first, "data.npz"))
