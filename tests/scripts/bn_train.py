@@ -145,6 +145,7 @@ def worker():
     iteration = getattr(loader, "resumed_iteration", 0)
     for epoch in range(args.epochs):
         for data, label, n, index in batches_of(loader):
+            ledger.write(iteration, index)
             with autograd.record():
                 losses = [loss_fn(net(x), y) for x, y in zip(data, label)]
             autograd.backward(losses)
@@ -161,7 +162,6 @@ def worker():
                 grads = [q.grad() for q in net.collect_params().values() if q.grad_req != "null"]
                 gluon.utils.clip_global_norm(grads, 1e3 * args.batch_size)
                 trainer.update(n)
-            ledger.write(iteration, index)
             if iteration == args.die_at and rank == 1 and not os.path.exists(marker):
                 open(marker, "w").close()
                 os._exit(9)

@@ -58,7 +58,12 @@ class Ledger:
     """A worker's sample ledger: OUT_DIR/ledger-rank<r>.jsonl, appended, one line per
     iteration (iteration, rank, workers, launch, time, indices), which tests/reference.py
     reads. ``launch`` tells a launch's lines from an earlier one's (a restart, a resume: the
-    job's token is new each time); "single" outside a job."""
+    job's token is new each time); "single" outside a job.
+
+    Write an iteration's line before its step: the step waits for every worker's push, so
+    an iteration that ended (and that a checkpoint may hold) has every worker's line, even
+    when the job is killed right after it; the lines of one that did not end are
+    overridden by the launch that trains it again."""
 
     def __init__(self, out: str, rank: int, workers: int):
         self.rank, self.workers = rank, workers
