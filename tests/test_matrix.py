@@ -61,6 +61,10 @@ the option):
     --restarts                                       test_checkpoint::test_a_dead_worker_...
     --dry-run                                        test_hostfile::test_dry_run_prints_...
                                                        (starts nothing, by its definition)
+    --host-discovery-script, --discovery-interval,   test_elastic::test_grow_shrink_and_a_...,
+      --min-workers                                    test_sigterm_is_a_graceful_shrink_...
+    --max-workers, --min-np, --max-np                none yet (their checks: test_elastic,
+                                                       test_discovery)
 """
 import json
 import math
