@@ -12,14 +12,16 @@ batch's inputs to the layer, by MXNet's own BatchNorm (a copy of the layer steps
 Nothing of mxlbbsp is imported: the test compares the job's parameters with what this makes.
 
     python tests/reference.py JOB_DIR OUT.params --model M --samples N [--lr LR]
-        [--momentum M] [--metrics METRICS.jsonl]
+        [--momentum M] [--lr-decay] [--metrics METRICS.jsonl]
 """
 import argparse
 import glob
 import json
 import os
+import re
+import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mxnet import autograd, gluon, nd
@@ -32,14 +34,17 @@ class LedgerError(AssertionError):
     """The job's ledger breaks the slicing rule (a sample twice, a gap, a rank missing)."""
 
 
-def read_ledger(job_dir: str) -> List[List[List[int]]]:
-    """Per iteration 0..T-1, the workers' slices in rank order. Where launches overlap (a
-    restart trains again what it lost), the launch that wrote the iteration last wins."""
+def read_ledger(*job_dirs: str) -> List[List[List[int]]]:
+    """Per iteration 0..T-1, the workers' slices in rank order, from the ledgers in
+    ``job_dirs`` (one job's folders: a resumed launch may write to another). Where launches
+    overlap (a restart trains again what it lost), the launch that wrote the iteration last
+    wins."""
     lines = []
-    for path in glob.glob(os.path.join(job_dir, "ledger-rank*.jsonl")):
-        lines += [json.loads(line) for line in open(path) if line.strip()]
+    for job_dir in job_dirs:
+        for path in glob.glob(os.path.join(job_dir, "ledger-rank*.jsonl")):
+            lines += [json.loads(line) for line in open(path) if line.strip()]
     if not lines:
-        raise LedgerError(f"no ledger in {job_dir}")
+        raise LedgerError(f"no ledger in {', '.join(job_dirs)}")
     by_launch: Dict[int, Dict[str, list]] = {}
     for row in lines:
         by_launch.setdefault(row["iteration"], {}).setdefault(row["launch"], []).append(row)
@@ -106,9 +111,11 @@ def _whole_batch_statistics(layer, x, mean0, var0):
     layer.running_var.set_data(twin.running_var.data())
 
 
-def train(net, data, batches, opt: dict, factors: Dict[int, float]) -> None:
+def train(net, data, batches, opt: dict, factors: Dict[int, float],
+          constant: Optional[int] = None) -> None:
     """Plain Gluon on the recorded global batches (module docstring); ``data``: the data
-    set's (features, labels) arrays."""
+    set's (features, labels) arrays. ``constant``: every step is ``step(constant)`` (a
+    script that passes its constant batch size: the short last batch is divided by it too)."""
     layers = [b for b in _blocks(net) if isinstance(b, gluon.nn.BatchNorm)]
     seen = {id(b): [] for b in layers}
     for b in layers:
@@ -138,7 +145,7 @@ def train(net, data, batches, opt: dict, factors: Dict[int, float]) -> None:
                 b.running_var.set_data(before[id(b)][1])
         for b in layers:
             _whole_batch_statistics(b, np.concatenate(seen[id(b)], axis=0), *before[id(b)])
-        total = sum(len(piece) for piece in slices)
+        total = constant or sum(len(piece) for piece in slices)
         trainer.step(total / factors.get(t, 1.0))
 
 
@@ -155,6 +162,31 @@ def difference(job: dict, reference: dict) -> float:
     return worst
 
 
+def command(job_dir, out, *, samples: int, model: str = "mlp", lr: float = 0.1,
+            momentum: float = 0.9, lr_decay: bool = False, metrics=None) -> List[str]:
+    """The command line that runs this reference on ``job_dir`` (a process of its own)."""
+    argv = [sys.executable, os.path.abspath(__file__), str(job_dir), str(out), "--model", model,
+            "--samples", str(samples), "--lr", str(lr), "--momentum", str(momentum)]
+    return argv + (["--lr-decay"] if lr_decay else []) + (
+        ["--metrics", str(metrics)] if metrics else [])
+
+
+def against(job_dir, params: str = "rank0.params", **options) -> Tuple[float, int]:
+    """Run the reference on the ledger in ``job_dir`` (:func:`command`'s ``options``) in a
+    process of its own; (the largest :func:`difference` between the job's ``params`` there
+    and the reference's, the number of whole epochs it trained). Its output is in the
+    AssertionError when it fails."""
+    out = os.path.join(str(job_dir), "ref.params")
+    p = subprocess.run(command(job_dir, out, **options), capture_output=True, text=True,
+                       timeout=600)
+    if p.returncode != 0:
+        raise AssertionError(f"the reference failed on {job_dir}:\n{p.stdout}{p.stderr}")
+    epochs = int(re.search(r"(\d+) whole epoch", p.stdout)[1])
+    diff = difference(nd.load(os.path.join(str(job_dir), params)), nd.load(out))
+    print(f"the largest difference from the reference: {diff:.2e} ({job_dir})")
+    return diff, epochs
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("job_dir")
@@ -163,14 +195,17 @@ def main(argv=None) -> None:
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr-decay", action="store_true")
     p.add_argument("--metrics")
     args = p.parse_args(argv)
     batches = read_ledger(args.job_dir)
     epochs = check_epochs(batches, args.samples)
     net = ledger_models.model(args.model)
     net.load_parameters(os.path.join(args.job_dir, "init.params"))
-    train(net, ledger_models.arrays(args.samples), batches,
-          {"learning_rate": args.lr, "momentum": args.momentum}, lr_factors(args.metrics))
+    opt = {"learning_rate": args.lr, "momentum": args.momentum}
+    if args.lr_decay:
+        opt["lr_scheduler"] = ledger_models.lr_schedule()
+    train(net, ledger_models.arrays(args.samples), batches, opt, lr_factors(args.metrics))
     net.save_parameters(args.out)
     assert "mxlbbsp" not in sys.modules, "the reference must not import mxlbbsp"
     print(f"reference: {len(batches)} iterations, {epochs} whole epoch(s)")

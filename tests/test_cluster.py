@@ -1,7 +1,9 @@
 """End to end on this machine: `mxlbbsp launch` with real MXNet schedulers, servers, workers.
 
 The exactness promise: an LB-BSP run with an uneven split ends with the same parameters as
-one process training on the whole global batch.
+one process training on the whole global batch; here the independent reference's
+(tests/reference.py: plain Gluon, no mxlbbsp, a process of its own, on the global batches
+that the job's sample ledger recorded: tests/scripts/ledger_train.py).
 """
 import json
 import os
@@ -11,30 +13,27 @@ import time
 import uuid
 
 import mxnet as mx
-import numpy as np
 import pytest
 
 from conftest import (EXAMPLE, PY, ROOT, mxlbbsp_argv, processes_with, run_mxlbbsp,
                       wait_no_leftovers)
+from reference import against, difference
 
 pytestmark = pytest.mark.cluster
 
-TRAIN = ["--model", "mlp", "--data", "digits", "--epochs", "2", "--batch-size", "64",
-         "--momentum", "0.9", "--lr", "0.1", "--log-interval", "10"]
+LEDGER = ROOT / "tests" / "scripts" / "ledger_train.py"
+#: 1437 samples (as digits' training set): 23 iterations of B=64 an epoch, the last of 29
+SAMPLES = 1437
+TRAIN = ["--samples", SAMPLES, "--batch-size", "64", "--epochs", "2", "--momentum", "0.9",
+         "--lr", "0.1"]
 RECORD = ROOT / "tests" / "scripts" / "record_batches.py"
 
 
-def single_process(tmp, args):
-    params = tmp / "single.params"
-    subprocess.run([PY, str(EXAMPLE), *args, "--save-params", str(params)], check=True,
-                   cwd=ROOT, capture_output=True, timeout=300)
-    return mx.nd.load(str(params))
-
-
-def relative_difference(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.abs(a[k].asnumpy() - b[k].asnumpy()).max()
-                     / max(np.abs(a[k].asnumpy()).max(), 1e-12)) for k in a)
+def one_model(folder, workers):
+    """Every worker ended with the same parameters."""
+    first = mx.nd.load(str(folder / "rank0.params"))
+    for k in range(1, workers):
+        assert difference(mx.nd.load(str(folder / f"rank{k}.params")), first) == 0, k
 
 
 from mxlbbsp.core import signals  # noqa: E402
@@ -52,28 +51,29 @@ def records(path):
 def lbbsp_run(tmp_path_factory):
     """One 2-worker LB-BSP job, worker 1 emulated 3x slower; several tests read it."""
     tmp = tmp_path_factory.mktemp("lbbsp")
+    (tmp / "job").mkdir()
     result = run_mxlbbsp("launch", "-n", 2, "--emulate-slowdown", "1,3", "--relay", "on",
                          "--hubs", "on", "--metrics", tmp / "m.jsonl", "--progress", "1",
-                         "--", PY, EXAMPLE, *TRAIN, "--save-params", tmp / "lbbsp.params")
+                         "--", PY, LEDGER, tmp / "job", *TRAIN)
     return tmp, result
 
 
 def test_lbbsp_run_succeeds(lbbsp_run):
     _, r = lbbsp_run
     assert r.rc == 0, r.output
-    assert "[worker 0] epoch 1 iteration" in r.stdout
+    assert "[worker 0] finished at iteration 46" in r.stdout
     assert "[mxlbbsp] done in" in r.stderr
 
 
-def test_lbbsp_ends_with_the_parameters_of_one_process(lbbsp_run, tmp_path):
+def test_lbbsp_ends_with_the_parameters_of_one_process(lbbsp_run):
     """... through the host's relay and a hub (--relay on --hubs on, two workers on this
-    host: issue 26)."""
+    host)."""
     tmp, r = lbbsp_run
     assert r.rc == 0, r.output
     assert "started 2 worker(s), 1 relay(s) through 1 hub(s)" in r.stderr, r.output
-    dist = mx.nd.load(str(tmp / "lbbsp.params"))
-    single = single_process(tmp_path, TRAIN)
-    assert relative_difference(dist, single) <= 1e-4
+    one_model(tmp / "job", 2)
+    diff, epochs = against(tmp / "job", samples=SAMPLES, metrics=tmp / "m.jsonl")
+    assert epochs == 2 and diff <= 1e-4
 
 
 def test_lbbsp_split_is_uneven_and_favours_the_fast_worker(lbbsp_run):
@@ -123,21 +123,6 @@ def test_the_last_line_agrees_with_the_report(lbbsp_run):
 def test_progress_lines_are_printed(lbbsp_run):
     _, r = lbbsp_run
     assert "[mxlbbsp] started 2 worker(s)" in r.stderr
-
-
-def test_bsp_splits_equally_and_is_exact_too(tmp_path):
-    # with data-loading processes feeding a hybridized network, too; and every worker
-    # talking to the coordinator itself (--relay off), the path of a host of one worker
-    r = run_mxlbbsp("launch", "-n", 2, "--sync", "bsp", "--emulate-slowdown", "1,3",
-                    "--metrics", tmp_path / "m.jsonl", "--progress", "0", "--relay", "off",
-                    "--", PY, EXAMPLE, *TRAIN, "--epochs", "1", "--loader-workers", "2",
-                    "--save-params", tmp_path / "bsp.params")
-    assert r.rc == 0, r.output
-    assert "started 2 worker(s) and 1 server(s)" in r.stderr, r.output     # no relay
-    _, by_iter = records(tmp_path / "m.jsonl")
-    assert all(it[0]["batch_size"] - it[1]["batch_size"] in (0, 1) for it in by_iter.values())
-    single = single_process(tmp_path, TRAIN + ["--epochs", "1"])
-    assert relative_difference(mx.nd.load(str(tmp_path / "bsp.params")), single) <= 1e-4
 
 
 @pytest.mark.parametrize("loader_workers", [0, 2])

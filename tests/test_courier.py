@@ -480,15 +480,18 @@ from test_coordinator import finished_records  # noqa: E402
 
 @pytest.mark.cluster
 def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameters(tmp_path):
+    """... and so does the independent reference (tests/reference.py: plain Gluon, no
+    mxlbbsp) on the global batches of the job's sample ledger, at lr x the recorded factor."""
     import subprocess
 
     import mxnet as mx
 
     from conftest import PY, ROOT, run_mxlbbsp
-    from test_cluster import relative_difference
+    from reference import against, difference, read_ledger
 
-    record = ROOT / "tests" / "scripts" / "record_batches.py"
+    script = ROOT / "tests" / "scripts" / "ledger_train.py"
     N, B0, epochs = 600, 50, 2                # B0 = 50 is not a candidate: B(t) must change
+    train = ["--samples", N, "--batch-size", B0, "--epochs", epochs]
     job, single = tmp_path / "job", tmp_path / "single"
     job.mkdir()
     single.mkdir()
@@ -500,7 +503,7 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
                     "--batch-range", "24:300", "--epochs", epochs, "--lr-scaling", "sqrt",
                     "--emulate-compute", 1, "--emulate-slowdown", tmp_path / "tenant.csv",
                     "--metrics", tmp_path / "m.jsonl", "--progress", 0,
-                    "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
+                    "--", PY, script, job, *train)
     assert r.rc == 0, r.output
     recs = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
     totals = {}
@@ -515,8 +518,8 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
     starts = [x["time"] - x["elapsed_s"] for x in recs if x.get("elapsed_s") is not None]
     assert starts and launched - 0.5 <= min(starts) <= launched + 1.0, (launched, min(starts))
     assert sum(schedule) == N * epochs                  # every sample of both epochs ...
-    ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
-    union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
+    union = [sorted(i for piece in slices for i in piece) for slices in read_ledger(job)]
+    assert [len(batch) for batch in union] == schedule
     cursor, epoch_seen = 0, []
     for batch in union:                                 # ... used once per epoch
         epoch_seen.extend(batch)
@@ -528,13 +531,14 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
     # one process replaying the recorded B(t), with the same learning-rate rule
     env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"),
                MXLBBSP_LR_SCALING="sqrt")
-    subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
-                    "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
-    replay = json.load(open(single / "single.json"))["batches"]
-    assert [sorted(b) for b in replay] == union         # exactly the same batches
+    subprocess.run([PY, str(script), str(single), *map(str, train)], check=True, cwd=ROOT,
+                   timeout=300, env=env, capture_output=True)
+    replay = [sorted(slices[0]) for slices in read_ledger(single)]
+    assert replay == union                              # exactly the same batches
     dist = mx.nd.load(str(job / "rank0.params"))
-    one = mx.nd.load(str(single / "single.params"))
-    assert relative_difference(dist, one) <= 1e-4
+    assert difference(dist, mx.nd.load(str(single / "rank0.params"))) <= 1e-4
+    diff, whole = against(job, samples=N, metrics=tmp_path / "m.jsonl")
+    assert whole == epochs and diff <= 1e-4
 
 
 def test_report_plots_the_plan_of_a_courier_run(tmp_path):

@@ -6,18 +6,15 @@ tests/reference.py (plain Gluon, no mxlbbsp) checks the ledger (each epoch a per
 the data set) and trains one process on those global batches; the job's parameters must
 equal the reference's (1e-4, BatchNorm's running statistics included).
 """
-import subprocess
-
 import mxnet as mx
 import pytest
 
 from conftest import PY, ROOT, run_mxlbbsp
-from reference import difference
+from reference import against, difference
 
 pytestmark = pytest.mark.cluster
 
 SCRIPT = ROOT / "tests" / "scripts" / "ledger_train.py"
-REFERENCE = ROOT / "tests" / "reference.py"
 
 
 def ledger_job(tmp, launch_options, script_options, samples=300, model="mlp", lr=0.1,
@@ -29,15 +26,12 @@ def ledger_job(tmp, launch_options, script_options, samples=300, model="mlp", lr
                     "--lr", lr, "--momentum", momentum, *script_options)
     if r.rc != 0:
         return r, None
-    ref = subprocess.run([PY, str(REFERENCE), str(tmp), str(tmp / "ref.params"),
-                          "--model", model, "--samples", str(samples), "--lr", str(lr),
-                          "--momentum", str(momentum), "--metrics", str(tmp / "m.jsonl")],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert ref.returncode == 0, ref.stdout + ref.stderr
     job = mx.nd.load(str(tmp / "rank0.params"))
     for other in sorted(tmp.glob("rank*.params")):
         assert difference(mx.nd.load(str(other)), job) == 0, other   # one model everywhere
-    return r, difference(job, mx.nd.load(str(tmp / "ref.params")))
+    diff, _ = against(tmp, samples=samples, model=model, lr=lr, momentum=momentum,
+                      metrics=tmp / "m.jsonl")
+    return r, diff
 
 
 @pytest.mark.parametrize("step", ["none", "one"])

@@ -13,15 +13,19 @@ from mxlbbsp.launcher.cli import main
 
 @pytest.mark.cluster
 def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_path):
+    """... and so does the independent reference (tests/reference.py: plain Gluon, no
+    mxlbbsp) on the global batches of the job's sample ledger, at lr x AdaScale's recorded
+    gain."""
     import mxnet as mx
 
     from conftest import PY, ROOT, run_mxlbbsp
-    from test_cluster import relative_difference
+    from reference import against, difference, read_ledger
 
     from mxlbbsp.core.lr import adascale
 
-    record = ROOT / "tests" / "scripts" / "record_batches.py"
+    script = ROOT / "tests" / "scripts" / "ledger_train.py"
     N, B0, epochs = 600, 40, 3
+    train = ["--samples", N, "--batch-size", B0, "--epochs", epochs]
     job, single = tmp_path / "job", tmp_path / "single"
     job.mkdir()
     single.mkdir()
@@ -30,7 +34,7 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
     r = run_mxlbbsp("launch", "-n", 3, "--sync", "goodput", "--batch-range", "6:30",
                     "--emulate-compute", 0.5,
                     "--emulate-slowdown", "1,1,3", "--metrics", tmp_path / "m.jsonl",
-                    "--progress", 0, "--", PY, record, job, N, B0, epochs, 0, "keep", 0.9)
+                    "--progress", 0, "--", PY, script, job, *train)
     assert r.rc == 0, r.output
     recs = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
     totals = {}
@@ -55,17 +59,18 @@ def test_goodput_job_chooses_batches_and_a_replay_ends_with_its_parameters(tmp_p
         assert len({x["lr_factor"] for x in mine}) == 1
         assert mine[0]["lr_factor"] == adascale(mine[0]["noise_scale"], schedule[t], B0)
     assert sum(x["noise_scale"] is not None for x in recs) > len(recs) / 2
-    ranks = [json.load(open(job / f"rank{k}.json"))["batches"] for k in range(3)]
-    union = [sorted(sum((ranks[k][t] for k in range(3)), [])) for t in range(len(schedule))]
+    union = [sorted(i for piece in slices for i in piece) for slices in read_ledger(job)]
+    assert [len(batch) for batch in union] == schedule
     # one process replaying the recorded B(t) and learning-rate factors
     env = dict(os.environ, MXLBBSP_BATCH_SCHEDULE=str(tmp_path / "m.jsonl"))
-    subprocess.run([PY, str(record), str(single), str(N), str(B0), str(epochs), "0", "keep",
-                    "0.9"], check=True, cwd=ROOT, timeout=300, env=env, capture_output=True)
-    replay = json.load(open(single / "single.json"))["batches"]
-    assert [sorted(b) for b in replay] == union         # exactly the same batches
+    subprocess.run([PY, str(script), str(single), *map(str, train)], check=True, cwd=ROOT,
+                   timeout=300, env=env, capture_output=True)
+    replay = [sorted(slices[0]) for slices in read_ledger(single)]
+    assert replay == union                              # exactly the same batches
     dist = mx.nd.load(str(job / "rank0.params"))
-    one = mx.nd.load(str(single / "single.params"))
-    assert relative_difference(dist, one) <= 1e-4
+    assert difference(dist, mx.nd.load(str(single / "rank0.params"))) <= 1e-4
+    diff, whole = against(job, samples=N, metrics=tmp_path / "m.jsonl")
+    assert whole == epochs and diff <= 1e-4
 
 
 @pytest.mark.parametrize("args,words", [

@@ -202,6 +202,24 @@ def test_two_hosts_train_to_the_end(sshd, hostfile):
     assert_nothing_left(sshd, r.marker)
 
 
+def test_remote_python_is_what_each_host_runs(sshd, hostfile, tmp_path):
+    """--remote-python: the interpreter of the pre-flight and of every role's guard on the
+    hosts (--launcher ssh, as -H chooses anyway); here a wrapper that notes each start, then
+    runs this one."""
+    used = tmp_path / "used"
+    wrapper = tmp_path / "remote-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {used}\nexec {PY} "$@"\n')
+    wrapper.chmod(0o755)
+    r = run_mxlbbsp(*launch(sshd, hostfile, "--launcher", "ssh", "--remote-python", wrapper),
+                    "--", "true", timeout=180)
+    assert r.rc == 0, r.output
+    # the pre-flight on each host, the guards of both workers and of the server, the server
+    assert sorted(used.read_text().splitlines()) == sorted(
+        [f"-m mxlbbsp.launcher.guard --check {ROOT}"] * 2 + ["-m mxlbbsp.launcher.guard"] * 3
+        + ["-m mxlbbsp.server"]), r.output
+    assert_nothing_left(sshd, r.marker)
+
+
 def test_connections_refused_by_maxstartups_are_retried(sshd, tmp_path):
     # an sshd that drops every connection beyond the first that has not logged in yet
     # (sshd's default, 10:30:100, does the same to a host with many slots)

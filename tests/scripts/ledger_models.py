@@ -1,11 +1,16 @@
 """The models and data of the exactness bank's ledger jobs, in plain MXNet (no mxlbbsp): the
 job's script (ledger_train.py) and the independent reference (tests/reference.py) both build
-them from here.
+them from here; and the sample ledger a job's scripts write (:class:`Ledger`).
 
 Data: N samples of 16 features, shifted so that BatchNorm's running means are of order 1,
 with 4 classes from a random linear teacher plus noise; each item is (features, label,
 index): the index is how a job records which samples it trained on (its sample ledger).
 """
+import hashlib
+import json
+import os
+import time
+
 import numpy as np
 import mxnet as mx
 from mxnet import gluon, nd
@@ -29,6 +34,11 @@ def dataset(samples: int, seed: int = 1234):
     return gluon.data.ArrayDataset(nd.array(x), nd.array(y), nd.array(index))
 
 
+def lr_schedule():
+    """The learning-rate schedule of ``--lr-decay``: 0.7x every 10 updates."""
+    return mx.lr_scheduler.FactorScheduler(step=10, factor=0.7)
+
+
 def model(name: str, bn_momentum: float = 0.9):
     """``mlp``: two dense layers; ``bn``: with a BatchNorm between them (softplus, not ReLU:
     a ReLU's kink amplifies float rounding). Every shape given, so that ``initialize()``
@@ -42,3 +52,31 @@ def model(name: str, bn_momentum: float = 0.9):
     mx.random.seed(0)
     net.initialize(mx.init.Xavier())
     return net
+
+
+class Ledger:
+    """A worker's sample ledger: OUT_DIR/ledger-rank<r>.jsonl, appended, one line per
+    iteration (iteration, rank, workers, launch, time, indices), which tests/reference.py
+    reads. ``launch`` tells a launch's lines from an earlier one's (a restart, a resume: the
+    job's token is new each time); "single" outside a job.
+
+    Write an iteration's line before its step: the step waits for every worker's push, so
+    an iteration that ended (and that a checkpoint may hold) has every worker's line, even
+    when the job is killed right after it; the lines of one that did not end are
+    overridden by the launch that trains it again."""
+
+    def __init__(self, out: str, rank: int, workers: int):
+        self.rank, self.workers = rank, workers
+        token = os.environ.get("MXLBBSP_TOKEN", "single")
+        self.launch = hashlib.sha1(token.encode()).hexdigest()[:8]
+        self._file = open(os.path.join(out, f"ledger-rank{rank}.jsonl"), "a")
+
+    def write(self, iteration: int, indices) -> None:
+        """The samples (their indices: an NDArray or a list) trained on at ``iteration``."""
+        if hasattr(indices, "asnumpy"):
+            indices = indices.asnumpy()
+        self._file.write(json.dumps({
+            "iteration": iteration, "rank": self.rank, "workers": self.workers,
+            "launch": self.launch, "time": time.time(),
+            "indices": [int(i) for i in indices]}) + "\n")
+        self._file.flush()
