@@ -391,6 +391,8 @@ class Coordinator:
                     self._sizes = resumed          # the split balancing had reached
                 self._hand_off_forecasts()
                 self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
+                for k in range(1, 1 + self._policy.ahead):    # before its reports split one
+                    self.send_split(self._start + k, self._sizes)
         return rank
 
     def _hand_off_forecasts(self) -> None:
@@ -454,8 +456,8 @@ class Coordinator:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             self._sizes = self._policy.warmup(t, next_B, self._sizes)
             if self._sizes is not None:
-                log.debug("iteration %d: split %s (warm-up: no speed learnt yet)", t + 1,
-                          _shown(self._sizes))
+                log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
+                          t + 1 + self._policy.ahead, _shown(self._sizes))
             return
         model = self.speed.model(t, batch, compute, exog, forecast)
         if next_B is None:
@@ -472,11 +474,13 @@ class Coordinator:
         if self._policy.sends:
             self.alloc_latency.append(time.perf_counter() - started)
         self._sizes = np.asarray(sizes)
-        # What the predictor expects each worker's observed speed to be at t+1.
-        predicted = self.recorder.predicted[t + 1] = self._sizes / model.time(self._sizes)
+        # What the predictor expects each worker's observed speed to be at the iteration
+        # this split is for
+        ahead = t + 1 + self._policy.ahead
+        predicted = self.recorder.predicted[ahead] = self._sizes / model.time(self._sizes)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      t + 1, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
+                      ahead, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
         self._policy.after_split(t)

@@ -7,7 +7,8 @@ which it sees through :class:`Control`)
     ``validate``     extra checks of the workers' hellos (after the common ones)
     ``first_split``  the split of iteration 0 (sent in ``welcome``)
     ``warmup``       what to do with iteration t's reports while warming up (t < warmup)
-    ``plan``         once all n reports of t are in: the split of iteration t+1. A policy that
+    ``plan``         once all n reports of t are in: the split of iteration t+1 (t+1+``ahead``).
+                     A policy that
                      ``sends`` splits sends it itself (:meth:`Control.send_split`),
                      and may choose its total, the global batch B(t+1), itself: the workers
                      follow ``total`` of the ``alloc`` message
@@ -148,6 +149,10 @@ class CoordinatorPolicy:
 
     #: whether this policy sends ``alloc`` messages (then the workers wait for them)
     sends = False
+    #: iterations between the reports a split is planned from and the iteration it is
+    #: for, less one: 0, the reports of t split t+1; 1 (lbbsp), they split t+2, and the
+    #: coordinator sends the first split for the first ``1 + ahead`` iterations
+    ahead = 0
 
     def __init__(self, coordinator: Control, options: Optional[dict] = None):
         self.coordinator = coordinator

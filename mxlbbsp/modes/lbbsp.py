@@ -20,18 +20,25 @@ from ._api import CoordinatorPolicy, Option, SyncMode, register
 
 
 class LBBSPPolicy(CoordinatorPolicy):
+    """The reports of t split iteration t+2 (``ahead``): the split of t+1 went out a whole
+    iteration before, so a worker never waits for its slice unless the coordinator is an
+    iteration late (with t+1, on a model of a few milliseconds the coordinator's answer
+    was the workers' wait: its Python shares their cores). The split is made for B(t+1),
+    the global batch rank 0 announced; a worker whose B(t+2) differs (an epoch's short last
+    batch) rescales its slice itself."""
     sends = True
+    ahead = 1
 
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
         if next_B is None:
             return current
         sizes = _split.rescale(current, next_B)
-        self.coordinator.send_split(t + 1, sizes)
+        self.coordinator.send_split(t + 1 + self.ahead, sizes)
         return sizes
 
     def plan(self, t, model, next_B, current):
         sizes = self.coordinator.balancer.allocate(model, next_B, current)
-        self.coordinator.send_split(t + 1, sizes)
+        self.coordinator.send_split(t + 1 + self.ahead, sizes)
         return sizes
 
 
@@ -81,6 +88,8 @@ class BatchChoosingPolicy(LBBSPPolicy):
 
     #: weight of the newest push/pull time in its running mean
     SYNC_ALPHA = 0.2
+    #: B(t+1) is chosen from the reports of t, and split with it
+    ahead = 0
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
