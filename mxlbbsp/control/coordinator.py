@@ -5,10 +5,12 @@ and speaks :mod:`mxlbbsp.core.protocol` with the workers. Per iteration t, once 
 are in:
 
 1. every worker's observed speed (samples/s of its compute phase) and its host's CPU and
-   memory load go to the predictor, which forecasts each worker's speed at t+1;
-2. (``lbbsp``) the balancer splits the next global batch so that all workers are predicted
-   to finish together, keeping the current split when the gain is below the threshold, and
-   the allocation is sent to every worker;
+   memory load go to the predictor, which forecasts each worker's speed;
+2. (``lbbsp``) the balancer splits the global batch of iteration t+2 so that all workers are
+   predicted to finish together, keeping the split in force when the gain is below the
+   threshold, and the split is sent to every worker: the split of t+1 went out an iteration
+   before, so the workers never wait for it unless the coordinator is an iteration late (a
+   mode's ``ahead``: 0 splits t+1 instead, as ``r2sp`` does);
 3. when a worker's ``done`` for t arrives (after its push/pull), its metrics record is
    complete; the recorder writes it off this thread.
 
@@ -84,7 +86,8 @@ class Coordinator:
         self.finished = threading.Event()            # every worker said bye
         self.address = None
         self.speed = SpeedModel(config.num_workers, config.predictor, len(config.exog),
-                                config.time_model, schedules=config.slowdown)
+                                config.time_model, schedules=config.slowdown,
+                                ahead=_modes.get(config.sync).policy.ahead)
         # auto time model: prefer the equal split whenever an uneven one does not gain the
         # threshold (see split.Balancer._prefer_equal)
         self.balancer = _split.Balancer(config.threshold, config.min_batch or 1,
@@ -111,7 +114,9 @@ class Coordinator:
         self._relay_states: Dict[int, list] = {}
         self._byes = np.zeros(n, dtype=bool)             # per rank: it said bye
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
-        self._sizes: Optional[np.ndarray] = None
+        self._sizes: Optional[np.ndarray] = None   # the split of the latest iteration planned
+        #: iteration -> its split, for the iterations planned after the last finished one
+        self._splits: Dict[int, np.ndarray] = {}
         self._measured: Optional[tuple] = None       # see `measured`
         self._iteration = -1
         self._samples = 0
@@ -124,7 +129,9 @@ class Coordinator:
         #: ALLOC_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
         self.alloc_latency: collections.deque = collections.deque(maxlen=ALLOC_LATENCY_KEPT)
         self._start = 0                              # first iteration (> 0 when resumed)
-        self._resumed_sizes: Optional[np.ndarray] = None   # the split a checkpoint saved
+        #: the splits a checkpoint saved: of the iteration after it, and of the one after
+        self._resumed_sizes: Optional[np.ndarray] = None
+        self._resumed_next: Optional[np.ndarray] = None
         if config.resume_manifest is not None:
             self._start = int(config.resume_manifest["iteration"]) + 1
             self._iteration = self._start - 1
@@ -141,14 +148,18 @@ class Coordinator:
 
     def state_dict(self) -> dict:
         """What balancing needs to continue without re-learning (JSON-serialisable):
-        the speed model, the split, and the metrics records and summary's totals through the
-        last finished iteration (the complete records not yet written included)."""
+        the speed model, the splits of the two iterations after the last finished one t
+        (``sizes``: of t+1; ``next_sizes``: of t+2, once planned), and the metrics records
+        and summary's totals through t (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
             self._iteration, self._hosts, self.speed.fallbacks,
             self._policy.record_fields)
-        return {"iteration": self._iteration, "num_workers": self.config.num_workers,
-                **self.speed.state_dict(self._relay_states.get(self._iteration)),
-                "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
+        t = self._iteration
+        sizes, after = self._splits.get(t + 1), self._splits.get(t + 2)
+        return {"iteration": t, "num_workers": self.config.num_workers,
+                **self.speed.state_dict(self._relay_states.get(t)),
+                "sizes": None if sizes is None else [int(b) for b in sizes],
+                "next_sizes": None if after is None else [int(b) for b in after],
                 "metrics_records": written, "totals": totals.state()}
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -164,6 +175,8 @@ class Coordinator:
             return
         if self.speed.load_state_dict(state) and state.get("sizes"):
             self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
+            if state.get("next_sizes"):
+                self._resumed_next = np.array(state["next_sizes"], dtype=np.int64)
 
     def _maybe_checkpoint(self, t: int) -> None:
         cfg = self.config
@@ -384,16 +397,31 @@ class Coordinator:
             if problem:
                 self._fail(problem, kind="config")
             else:
-                B = int(self._hellos[0]["global_batch_size"])
-                self._sizes = np.asarray(self._policy.first_split(B))
-                resumed = self._resumed_sizes
-                if resumed is not None and int(resumed.sum()) == B and self._policy.sends:
-                    self._sizes = resumed          # the split balancing had reached
-                self._hand_off_forecasts()
-                self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
-                for k in range(1, 1 + self._policy.ahead):    # before its reports split one
-                    self.send_split(self._start + k, self._sizes)
+                self._open()
         return rank
+
+    def _open(self) -> None:
+        """Every worker registered: the first split in ``welcome``, and with a policy that
+        splits ahead, the next ones (decided before any report: no report splits them)."""
+        B = int(self._hellos[0]["global_batch_size"])
+        policy, start = self._policy, self._start
+        self._sizes = np.asarray(policy.first_split(B))
+        resumed = self._resumed_sizes
+        if resumed is not None and int(resumed.sum()) == B and policy.sends:
+            self._sizes = resumed          # the split balancing had reached
+        self._splits = {start: self._sizes}
+        self._hand_off_forecasts()
+        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._sizes))
+        for k in range(1, 1 + policy.ahead):
+            after = self._resumed_next if k == 1 else None
+            if after is not None and len(after) == len(self._sizes) and policy.sends:
+                # the checkpointed job's split of this iteration: a worker whose B(t) is
+                # another rescales its slice, as it does with any split
+                self.send_split(start + k, after)
+                self._sizes = after
+            else:
+                self._sizes = np.asarray(policy.opening(start + k, self._sizes))
+            self._splits[start + k] = self._sizes
 
     def _hand_off_forecasts(self) -> None:
         """Every worker has said hello: with a separable predictor, each relay forecasts its
@@ -443,47 +471,53 @@ class Coordinator:
             self._finished(rows.iteration, samples)
 
     def decide(self, t: int, next_B: Optional[int], columns: np.ndarray,
-               forecast: Optional[tuple] = None) -> None:
-        """All n reports of iteration t are in: learn from them and split t+1.
-        ``columns``: per worker [batch, compute_s, the --exog columns...] (Collector);
-        ``next_B``: rank 0's next_global_batch; ``forecast``: the relays' forecasts."""
+               forecast: Optional[tuple] = None, after_B: Optional[int] = None) -> None:
+        """All n reports of iteration t are in: learn from them and split iteration
+        t+1+ahead (the policy's). ``columns``: per worker [batch, compute_s, the --exog
+        columns...] (Collector); ``next_B``, ``after_B``: rank 0's next_global_batch and
+        after_next_global_batch; ``forecast``: the relays' forecasts."""
         started = time.perf_counter()
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
         exog = np.ascontiguousarray(columns[:, 2:])
         self._measured = (batch, compute)
+        policy = self._policy
+        target = t + 1 + policy.ahead            # the iteration the reports of t split
+        B = policy.global_batch(t, next_B, after_B)
+        for old in [k for k in self._splits if k < t]:
+            del self._splits[old]
+        # the split in force (the latest planned), scaled to the B of the one planned now
+        current = self._sizes
+        if current is not None and B is not None and int(current.sum()) != B:
+            current = _split.rescale(current, B)
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
-            self._sizes = self._policy.warmup(t, next_B, self._sizes)
-            if self._sizes is not None:
+            if B is not None and current is not None:
+                self._sizes = self._splits[target] = np.asarray(policy.warmup(t, B, current))
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
-                          t + 1 + self._policy.ahead, _shown(self._sizes))
+                          target, _shown(self._sizes))
             return
         model = self.speed.model(t, batch, compute, exog, forecast)
-        if next_B is None:
+        if B is None:
             return
-        current = self._sizes
-        if current is not None and int(current.sum()) != next_B:
-            current = _split.rescale(current, next_B)
         self.balancer.decision = ""
         try:
-            sizes = self._policy.plan(t, model, next_B, current)
+            sizes = policy.plan(t, model, B, current)
         except _split.AllocationError as exc:
-            self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
+            self._fail(f"cannot split the global batch of iteration {target}: {exc}")
             return
-        if self._policy.sends:
+        if policy.sends:
             self.alloc_latency.append(time.perf_counter() - started)
-        self._sizes = np.asarray(sizes)
-        # What the predictor expects each worker's observed speed to be at the iteration
-        # this split is for
-        ahead = t + 1 + self._policy.ahead
-        predicted = self.recorder.predicted[ahead] = self._sizes / model.time(self._sizes)
+        self._sizes = self._splits[target] = np.asarray(sizes)
+        # What the predictor expects each worker's observed speed to be at that iteration
+        # (a forecast of the next one stands for it)
+        predicted = self.recorder.predicted[target] = self._sizes / model.time(self._sizes)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      ahead, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
+                      target, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
-        self._policy.after_split(t)
+        policy.after_split(t)
 
     def _on_log(self, rank: int, msg: dict) -> None:
         """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""

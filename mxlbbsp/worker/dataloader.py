@@ -9,8 +9,8 @@ the workers' batches at iteration t is exactly what one process takes at iterati
 
 With ``num_workers > 0`` samples are loaded by Gluon's worker pool. Prefetching follows the
 allocation: the next batch is submitted to the pool the moment its size is known (at once in
-``bsp``/``asp`` and in a single process; in ``lbbsp`` when the coordinator's answer arrives,
-which happens while this iteration's gradients are being pushed and pulled).
+``bsp``/``asp`` and in a single process; in ``lbbsp`` as soon as the coordinator's split of it
+has arrived, normally an iteration before it begins, so at once too).
 """
 from __future__ import annotations
 
@@ -189,7 +189,6 @@ class DataLoader:
         order = self._order(self._epoch)
         batches = self._global_batches()
         sess.epoch_length = len(batches)
-        first_next_epoch = min(self.global_batch_size, self._size)
         epoch, self._epoch = self._epoch, self._epoch + 1
         first_epoch, skip = divmod(self._start, len(batches))
         if epoch < first_epoch:
@@ -202,8 +201,12 @@ class DataLoader:
         for k, (start, size) in enumerate(batches):
             if k < skip:
                 continue
-            nxt = batches[k + 1][1] if k + 1 < len(batches) else first_next_epoch
+            # B(t+1) and B(t+2): the next epoch is cut the same way (its first batch is
+            # min(B, N) whatever last_batch says)
+            nxt = batches[(k + 1) % len(batches)][1]
+            after = batches[(k + 2) % len(batches)][1]
             sess.next_global_batch = lambda nxt=nxt: nxt
+            sess.after_next_global_batch = lambda after=after: after
             t, offset, local = sess.next_iteration(size)
             indices = order[start + offset:start + offset + local]
             if self._pool is None:
@@ -239,7 +242,9 @@ class DataLoader:
                                    f"of the epoch ({N - cursor} samples left)")
             rest = N - cursor - total
             # the most the next global batch may take: the rest of the epoch, or a new epoch
+            # (B(t+2) depends on B(t+1), which the coordinator chose: it knows it itself)
             sess.next_global_batch = lambda rest=rest: rest if rest > 0 else N
+            sess.after_next_global_batch = lambda: None
             indices = order[cursor + offset:cursor + offset + local]
             cursor += total
             if self._pool is None:
