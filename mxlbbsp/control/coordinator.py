@@ -556,13 +556,7 @@ class Coordinator:
         # the split in force (the latest planned), scaled to the B of the one planned now
         current = self._sizes
         if current is not None and B is not None and int(current.sum()) != B:
-            try:
-                # within the workers' caps and least local batches (an epoch's short
-                # last batch keeps every worker's least)
-                current = self.balancer.scale(current, B)
-            except _split.AllocationError as exc:
-                self._fail(f"cannot split the global batch of iteration {target}: {exc}")
-                return
+            current = _split.rescale(current, B)
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             if B is not None and current is not None:

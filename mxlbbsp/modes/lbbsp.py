@@ -45,8 +45,11 @@ class LBBSPPolicy(CoordinatorPolicy):
         return self.coordinator.balancer.even(global_batch, self.num_workers)
 
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
-        self.coordinator.send_split(t + 1 + self.ahead, current)
-        return current
+        # within the workers' caps and least local batches (``current`` comes rescaled to
+        # B(t+2) without them; an epoch's short last batch keeps every worker's least)
+        sizes = self.coordinator.balancer.scale(current, next_B)
+        self.coordinator.send_split(t + 1 + self.ahead, sizes)
+        return sizes
 
     def plan(self, t, model, next_B, current):
         sizes = self.coordinator.balancer.allocate(model, next_B, current)
