@@ -478,6 +478,8 @@ class Coordinator:
             else:
                 self._sizes = np.asarray(policy.opening(start + k, self._sizes))
             self._splits[start + k] = self._sizes
+            log.debug("iteration %d: split %s (before any report)", start + k,
+                      _shown(self._sizes))
 
     def opening_batch(self, iteration: int) -> int:
         """The global batch the DataLoaders ask for at ``iteration``, split before any
