@@ -49,6 +49,21 @@ def worktree(rev: str):
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
+def importable(tree: Path) -> Path:
+    """Make ``tree``'s own launcher and models the ones its mxlbbsp imports (as links in
+    its mxlbbsp/). An editable install maps ``mxlbbsp.launcher`` and ``mxlbbsp.models`` to
+    the checkout it was made from: a process with PYTHONPATH=tree would take that
+    checkout's launcher with the tree's package."""
+    import importlib.util
+    for name in ("launcher", "models"):
+        spec = importlib.util.find_spec(f"mxlbbsp.{name}")
+        origin = Path(spec.origin).resolve() if spec and spec.origin else None
+        link = tree / "mxlbbsp" / name
+        if origin is not None and tree.resolve() not in origin.parents and not link.exists():
+            link.symlink_to(tree / name, target_is_directory=True)
+    return tree
+
+
 def add_smoke(parser) -> None:
     """``--smoke``: the smallest size of a benchmark, seconds, to check that it runs."""
     parser.add_argument("--smoke", action="store_true",
@@ -75,16 +90,23 @@ def env() -> Dict[str, str]:
 
 def launch(workers: int, train_args: Sequence[str], metrics: Path, sync: str = "lbbsp",
            launch_args: Sequence[str] = (), command: Optional[Sequence[str]] = None,
-           timeout: float = 1800, log: Optional[Path] = None) -> dict:
+           timeout: float = 1800, log: Optional[Path] = None,
+           tree: Optional[Path] = None) -> dict:
     """Run one job to its end; returns its metrics summary (warm-up left out).
 
     ``log``: also write the job's output (every process's lines, prefixed) to this file.
+    ``tree``: run the mxlbbsp and the example of this checkout (a ``--baseline``'s
+    worktree, made :func:`importable`), not this one's.
     """
+    example, cwd, variables = EXAMPLE, ROOT, env()
+    if tree is not None:
+        example, cwd = tree / "examples" / "train_gluon.py", tree
+        variables["PYTHONPATH"] = str(tree)
     argv = [PY, "-m", "mxlbbsp.launcher", "launch", "-n", str(workers), "--sync", sync,
             "--metrics", str(metrics), "--progress", "0", *launch_args, "--",
-            *(command or [PY, str(EXAMPLE), *train_args])]
+            *(command or [PY, str(example), *train_args])]
     started = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True,
+    proc = subprocess.run(argv, cwd=cwd, env=variables, capture_output=True, text=True,
                           timeout=timeout)
     if log is not None:
         Path(log).write_text(proc.stdout + proc.stderr)

@@ -240,12 +240,13 @@ async def _relays(upstream, token, hosts, conn) -> dict:
             "messages_up": sum(r.messages_up for r in relays)}
 
 
-def summary(stats: dict, iterations: int, skip: int, hosts: int) -> dict:
-    """Relay to relay latency per iteration (ms) and the relays' CPU per iteration."""
+def summary(stats: dict, iterations: int, skip: int, hosts: int, ahead: int = 0) -> dict:
+    """Relay to relay latency per iteration (ms): from the reports of t up to the split
+    they decide, of t+1+``ahead``; and the relays' CPU per iteration."""
     latency, path = [], []
     for t in range(skip, iterations):
         sent = [s.get(t) for s in stats["sent"]]
-        got = [g.get(t + 1) for g in stats["got"]]
+        got = [g.get(t + 1 + ahead) for g in stats["got"]]
         if None in sent or None in got:
             continue
         latency.append(1000 * (max(got) - max(sent)))

@@ -9,7 +9,11 @@ model, a metrics file). The workers are light clients that speak ``mxlbbsp.core.
 asyncio protocols (no MXNet), a few hundred per client process, in separate processes.
 Each one says ``hello`` with the job's token, then per iteration t
 
-    report(t)  ->  wait for alloc(t+1)  ->  done(t)  ->  (simulated compute)  ->  report(t+1)
+    report(t)  ->  wait for alloc(t+2)  ->  done(t)  ->  (simulated compute)  ->  report(t+1)
+
+(the coordinator's answer to the reports of t is the split of t+2: lbbsp decides a split an
+iteration ahead, and iteration t+1's came with the reports of t-1, or right after the
+``welcome``; a worker's slice of t+1 is the one it received then)
 
 Every worker has a speed of its own (heterogeneous, drifting slowly, with noise), reports
 ``compute_s = b_i / v_i`` for the batch it was given, so the balancer really rebalances.
@@ -31,10 +35,10 @@ iteration in one frame. The relays are the real ones, all in one process on the 
 (benchmarks/_hosts.py): on a cluster each runs on its own host, in parallel.
 
 Measured per iteration: the **allocation latency**, from the moment the last report of
-iteration t is sent (client clock) until every worker has received alloc(t+1) (the last
-client's receive time; CLOCK_MONOTONIC is the same clock in every process on Linux); with
-relays also the **relay-to-relay latency**, from the last relay's report section of t sent
-to the last relay's SLICES frame of t+1 received (the coordinator's share: on this machine
+iteration t is sent (client clock) until every worker has received the answer, alloc(t+2)
+(the last client's receive time; CLOCK_MONOTONIC is the same clock in every process on
+Linux); with relays also the **relay-to-relay latency**, from the last relay's report section
+of t sent to the last relay's SLICES frame of t+2 received (the coordinator's share: on this machine
 the end-to-end figure also holds the n/K relays taking turns on one core); the coordinator
 thread's CPU time per iteration (its thread CPU clock, slope over the measured iterations),
 its metrics writer thread's, and the relays' process's (per relay: divided by n/K); and
@@ -73,7 +77,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -82,12 +86,15 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import _hosts  # noqa: E402
+from mxlbbsp import modes as _modes  # noqa: E402
 from mxlbbsp.core import protocol as P  # noqa: E402
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.control.coordinator import CoordinatorConfig  # noqa: E402
 from launcher.config import HUB_FROM, RELAYS_PER_HUB  # noqa: E402
 
 SIZES = [16, 64, 256, 1024]
+#: the reports of t are answered with the split of t+1+AHEAD (lbbsp's)
+AHEAD = _modes.get("lbbsp").policy.ahead
 #: simulated workers per emulated host (behind its relay); 0: every worker connected directly
 PER_HOST = 8
 
@@ -102,9 +109,11 @@ class _Worker(asyncio.Protocol):
         self.group = group
         self.transport = None
         self.buf = b""
-        self.line: Optional[bytes] = None     # the latest complete line
+        self.lines: List[Tuple[bytes, float]] = []   # lines not yet read, when each came
+        self.line: Optional[bytes] = None     # the line read last (:meth:`next`)
         self.received = 0.0                   # when it arrived (perf_counter)
         self.sent = 0.0                       # when the latest report was written
+        self.slices: Dict[int, int] = {}      # iteration -> the size of its slice
 
     def connection_made(self, transport):
         self.transport = transport
@@ -119,9 +128,14 @@ class _Worker(asyncio.Protocol):
             cut = self.buf.find(b"\n")
             if cut < 0:
                 return
-            self.line, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
-            self.received = now
+            line, self.buf = self.buf[:cut + 1], self.buf[cut + 1:]
+            self.lines.append((line, now))
             self.group.arrived()
+
+    def next(self) -> dict:
+        """The next line that came (its time in :attr:`received`)."""
+        self.line, self.received = self.lines.pop(0)
+        return json.loads(self.line)
 
     def connection_lost(self, exc):
         self.group.lost(self.rank)
@@ -191,15 +205,19 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
             _, w = await loop.create_connection(lambda r=rank: _Worker(r, group), *where)
         workers.append(w)
     speeds = {w.rank: _speeds(w.rank, n, iterations, seed, B, compute_ms) for w in workers}
-    group.expect(len(workers))
+    group.expect(len(workers) * (1 + AHEAD))       # the welcome, and the splits after it
     for w in workers:
         hello = P.hello(w.rank, token, os.getpid(), "127.0.0.1", B, 100 * B, None)
         hello["min_global_batch"] = B
         w.send(hello)
     await group.wait(120)
-    welcome = json.loads(workers[0].line)
-    if welcome["type"] != P.WELCOME:
-        raise RuntimeError(f"coordinator answered {welcome}")
+    for w in workers:
+        welcome = w.next()
+        if welcome["type"] != P.WELCOME:
+            raise RuntimeError(f"coordinator answered {welcome}")
+        for _ in range(AHEAD):
+            msg = w.next()
+            w.slices[msg["iteration"]] = msg["size"]
     sizes = dict(enumerate(welcome["allocation"]))      # rank -> its batch size
     last_sent, first_recv, last_recv = [], [], []
     for t in range(iterations):
@@ -218,16 +236,17 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
             for w in workers:
                 w.report(t, sizes[w.rank], compute[w.rank], B)
         await group.wait()
+        for w in workers:            # one message per worker: its own slice
+            msg = w.next()
+            if msg["type"] != P.ALLOC or msg["iteration"] != t + 1 + AHEAD \
+                    or msg["total"] != B or msg["size"] < 1:
+                raise RuntimeError(f"iteration {t}: expected alloc({t + 1 + AHEAD}) of {B} "
+                                   f"samples, got {w.line[:200]!r}")
+            w.slices[msg["iteration"]] = msg["size"]
+            sizes[w.rank] = w.slices.pop(t + 1)
         last_sent.append(max(w.sent for w in workers))
         first_recv.append(min(w.received for w in workers))
         last_recv.append(max(w.received for w in workers))
-        for w in workers:            # one message per worker: its own slice
-            msg = json.loads(w.line)
-            if msg["type"] != P.ALLOC or msg["iteration"] != t + 1 or msg["total"] != B \
-                    or msg["size"] < 1:
-                raise RuntimeError(f"iteration {t}: expected alloc({t + 1}) of {B} samples, got "
-                                   f"{w.line[:200]!r}")
-            sizes[w.rank] = msg["size"]
         for w in workers:
             w.send(P.done(t, 0.001, 0.001, compute[w.rank] + 0.002))
     for w in workers:
@@ -437,7 +456,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
         out["hub_writes_per_iteration"] = hub_stats["writes_up"] / max(iterations, 1)
         out["hub_path_ms"] = _stats(_hosts.hub_path(hub_stats, iterations, skip))
     if relay_stats is not None:
-        hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts))
+        hosted = _hosts.summary(relay_stats, iterations, skip, len(hosts), AHEAD)
         out["relay_latency_ms"] = _stats(hosted.pop("relay_latency_ms"))
         out["relay_path_ms"] = _stats(hosted.pop("relay_path_ms"))
         out.update(hosted)

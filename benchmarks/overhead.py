@@ -66,21 +66,6 @@ WORKERS = 2
 BATCH = 64
 
 
-def importable(tree: Path) -> Path:
-    """Make ``tree``'s own launcher and models the ones its mxlbbsp imports (as links in
-    its mxlbbsp/). An editable install maps ``mxlbbsp.launcher`` and ``mxlbbsp.models`` to
-    the checkout it was made from: a process with PYTHONPATH=tree would take that
-    checkout's launcher with the tree's package."""
-    import importlib.util
-    for name in ("launcher", "models"):
-        spec = importlib.util.find_spec(f"mxlbbsp.{name}")
-        origin = Path(spec.origin).resolve() if spec and spec.origin else None
-        link = tree / "mxlbbsp" / name
-        if origin is not None and tree.resolve() not in origin.parents and not link.exists():
-            link.symlink_to(tree / name, target_is_directory=True)
-    return tree
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -323,9 +308,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.baseline:
         with C.worktree(args.baseline) as tree:
-            importable(C.ROOT)
-            return measure(args, importable(tree))
-    importable(C.ROOT)
+            C.importable(C.ROOT)
+            return measure(args, C.importable(tree))
+    C.importable(C.ROOT)
     return measure(args, None)
 
 

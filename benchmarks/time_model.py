@@ -48,7 +48,8 @@ def factors(t, slow, tenant=False, period=0):
 
 
 def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, period=0):
-    """Worker 0's batch size per iteration."""
+    """Worker 0's batch size in iterations 1, 2, ... (each split applied to the iteration
+    it was sent for)."""
     import mxlbbsp
     if (Path(mxlbbsp.__file__).parent / "control").is_dir():
         from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
@@ -57,7 +58,8 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
     rng = np.random.default_rng(seed)
     spike = 0.05 if noise > 0.1 else 0.02
     c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
-    c.send_split = c._send_allocation = lambda t, sizes: None      # no workers to send to
+    sent = {}                    # no workers to send to: each split kept for its iteration
+    c.send_split = c._send_allocation = lambda t, sizes: sent.__setitem__(t, np.array(sizes))
     sizes = np.array([B // 2, B - B // 2])
     c._sizes = sizes.copy()
     out = []
@@ -66,7 +68,8 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
         stretch = rng.lognormal(0, noise, 2) * np.where(rng.random(2) < spike, 3, 1)
         compute = (fixed_s + per_sample_s * sizes) * factor * stretch
         reports = {r: {"type": "report", "iteration": t, "batch_size": int(sizes[r]),
-                       "compute_s": float(compute[r]), "next_global_batch": B}
+                       "compute_s": float(compute[r]), "next_global_batch": B,
+                       "after_next_global_batch": B}
                    for r in range(2)}
         if hasattr(c, "collect"):      # this tree: the reports as they reach the coordinator
             from mxlbbsp.core.frames import Rows
@@ -75,7 +78,9 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
             c.decide(*decided)
         else:                          # --baseline of a commit before issue 26's relays
             c._on_iteration(t, reports)
-        sizes = np.asarray(c._sizes)
+        # the split of the next iteration, when one was sent for it (a tree whose reports of
+        # t split t+2 sent it an iteration before, or before any report)
+        sizes = sent.pop(t + 1, sizes)
         out.append(int(sizes[0]))
     return out
 

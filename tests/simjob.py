@@ -261,7 +261,7 @@ class Job:
     def _loader(self, rank: int):
         """The DataLoader's iteration on worker ``rank``, for ever (one epoch per pass of
         a script's loop): (t, epoch, first position, local size, global batch, the next
-        global batch as the loader tells its session)."""
+        global batch and the one after it as the loader tells its session)."""
         s, plan, t = self.setup, self.plan, self.start - 1
         follows = self.mode.sets_batch
         for epoch in itertools.count():
@@ -275,7 +275,7 @@ class Job:
                                      f"the end of the epoch ({s.N - cursor} samples left)")
                     cursor += piece.total
                     yield (t, epoch, cursor - piece.total + piece.offset, piece.size,
-                           piece.total, epochs.next_cap(s.N, cursor))
+                           piece.total, epochs.next_cap(s.N, cursor), None)
                 continue
             first = plan.first_index(self.start, epoch)     # DataLoader.__iter__
             if first is None:
@@ -284,7 +284,8 @@ class Job:
                 start, size = plan.batch(k)
                 t += 1
                 piece = self._slice(rank, t, size)
-                yield t, epoch, start + piece.offset, piece.size, size, plan.next_size(k)
+                yield (t, epoch, start + piece.offset, piece.size, size, plan.next_size(k),
+                       plan.next_size(k, 2))
 
     def run(self, until_epoch: int, last: Optional[int] = None,
             most: int = 10_000) -> List[Step]:
@@ -316,6 +317,8 @@ class Job:
                 msg = P.report(t, int(sizes[r]), float(compute[r]), 0.0, 0.0, 1.0,
                                int(ran[r][5]))
                 msg["global_batch"] = int(ran[r][4])
+                if ran[r][6] is not None:
+                    msg["after_next_global_batch"] = int(ran[r][6])
                 if t == self.start:
                     msg["batchnorm"] = s.batchnorm
                 reports.append(msg)

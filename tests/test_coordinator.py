@@ -78,12 +78,71 @@ def test_lbbsp_moves_samples_to_the_faster_worker(coordinator):
     # machine (tens of ms) must not change the ratio.
     assert run_iteration([s0, s1], [1.0, 1.0]) == [32, 32]     # warm-up: equal
     assert run_iteration([s0, s1], [1.0, 3.0]) == [32, 32]     # still the first split
-    # worker 1 was 3x slower per sample: 3:1
+    # split from the warm-up's reports (lbbsp splits t+2 from the reports of t)
+    assert run_iteration([s0, s1], [1.0, 1.0]) == [32, 32]
+    # worker 1 was 3x slower per sample at iteration 1: 3:1
     assert run_iteration([s0, s1], [1.0, 1.0]) == [48, 16]
     for s in (s0, s1):
         s.close()
     assert c.finished.wait(5)
     assert c.failure is None
+
+
+def test_lbbsp_workers_have_each_split_an_iteration_before_they_need_it(coordinator):
+    """The reports of t split t+2: every worker holds its slice of t+1 before any worker
+    has reported t (the split of iteration 1 comes with the registration), so none waits
+    for the coordinator unless it is a whole iteration late."""
+    c = coordinator(2, predictor="last")
+    ss, errors = sessions(c, 2)
+    assert not errors
+    for t in range(6):
+        for s in ss:
+            assert _wait(lambda s=s: s.slice(t + 1, 64, block=False) is not None), t
+        run_iteration(ss, [1.0, 3.0])
+    sizes = run_iteration(ss, [1.0, 3.0])
+    assert sizes[0] > sizes[1]                                  # and it balanced
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5) and c.failure is None
+
+
+def _epoch_iteration(ss, plan, t, per_sample):
+    """Iteration t of every worker, whose loaders cut the epoch's global batches ``plan``
+    (B(t+1) and B(t+2) announced as a DataLoader does); compute per_sample[rank] seconds a
+    sample. The (offset, size) of each worker."""
+    pieces = []
+    for s, cost in zip(ss, per_sample):
+        s.next_global_batch = lambda: plan[(t + 1) % len(plan)]
+        s.after_next_global_batch = lambda: plan[(t + 2) % len(plan)]
+        got, offset, local = s.next_iteration(plan[t % len(plan)])
+        assert got == t
+        pieces.append((offset, local))
+        s._t_end -= cost * local
+        s.gradients_ready()
+    for s in ss:
+        s.step_done()
+    return pieces
+
+
+def test_a_short_last_batch_is_split_for_its_own_size(coordinator):
+    """The epoch's short last batch (20 of B = 64) is split two iterations ahead for its
+    own size (rank 0's loader announces B(t+2)), within every worker's least batch
+    (--min-batch-size 8): a split of 64 (3:1 here) scaled down by each worker gives the slow
+    one 5; and the slices tile every global batch, the next epoch's too."""
+    c = coordinator(2, predictor="last", min_batch=8)
+    plan = [64, 64, 64, 64, 20]
+    ss, errors = sessions(c, 2, B=64, N=4 * 64 + 20, min_global_batch=20)
+    assert not errors
+    for t in range(3 * len(plan)):
+        pieces = _epoch_iteration(ss, plan, t, [0.01, 0.03])
+        B = plan[t % len(plan)]
+        assert pieces[0] == (0, B - pieces[1][1]) and pieces[1][0] == pieces[0][1], (t, pieces)
+        assert min(b for _, b in pieces) >= min(8, B // 2), (t, pieces)
+        if t >= 4 and B == 64:
+            assert pieces[0][1] > pieces[1][1], (t, pieces)       # balanced, 3:1
+    for s in ss:
+        s.close()
+    assert c.finished.wait(5) and c.failure is None
 
 
 def test_offsets_tile_the_global_batch(coordinator):
@@ -204,16 +263,18 @@ def test_metrics_file_is_not_touched_when_registration_fails(coordinator, tmp_pa
 def test_slowdown_stretches_the_reported_compute(coordinator, tmp_path):
     c = coordinator(1, predictor="last")
     s = Session(8, 80, 8, None, env=env_for(c, 0, 1, slowdown="0:1,1:3"))
-    for _ in range(3):
+    for _ in range(4):
         s.next_iteration(8)
         s._t_end -= 0.01
         s.gradients_ready()
         s.step_done()
     s.close()
     rows = finished_records(c)
-    assert [r["slowdown"] for r in rows] == [1.0, 3.0, 3.0]
+    assert [r["slowdown"] for r in rows] == [1.0, 3.0, 3.0, 3.0]
     assert rows[1]["compute_s"] == pytest.approx(3 * rows[0]["compute_s"], rel=0.5)
-    assert np.isfinite(rows[2]["predicted_speed"])
+    # the iteration split from the first report learnt from (the warm-up's is not) carries
+    # the speed the predictor expected for it
+    assert np.isfinite(rows[-1]["predicted_speed"])
 
 
 def test_records_get_their_prediction_whatever_order_the_reports_arrive_in(coordinator,

@@ -11,6 +11,7 @@ import pytest
 from mxlbbsp.core.timemodel import TimeModel
 from mxlbbsp.launcher.cli import main
 from mxlbbsp.analysis import profile as _profile
+from mxlbbsp import modes as _modes
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
 from mxlbbsp.worker import session as _session_module
@@ -415,11 +416,12 @@ def _courier_iteration(ss, speeds, sync_s=0.05, clock=None, fake=None):
             s._alloc_wait, s._t_end, fake.now = 0.0, start, start + local / v
         s.gradients_ready()
     if fake is not None:
-        # the pushes end once the coordinator has planned t+1 from all n reports: else
-        # a done of t could reach it before the last report, and its sync-time average
-        # would depend on how the two threads interleave
+        # the pushes end once the coordinator has planned from all n reports (the split of
+        # t+1+ahead): else a done of t could reach it before the last report, and its
+        # sync-time average would depend on how the two threads interleave
+        planned = t + 1 + _modes.get("courier").policy.ahead
         deadline = time.monotonic() + 30
-        while not all(t + 1 in s._alloc for s in ss) and time.monotonic() < deadline:
+        while not all(planned in s._alloc for s in ss) and time.monotonic() < deadline:
             time.sleep(0.001)
     for s in ss:
         if fake is None:

@@ -283,9 +283,12 @@ def test_a_batchnorm_job_splits_the_short_last_batch_of_its_epoch(coordinator):
     seen = []
     for t, B in enumerate(plan):
         nxt = plan[t + 1] if t + 1 < len(plan) else 64
+        after = plan[t + 2] if t + 2 < len(plan) else 64
         sizes = []
         for rank, s in enumerate(ss):
+            # as the DataLoader announces them: B(t+1) and B(t+2), which the reports of t split
             s.next_global_batch = lambda nxt=nxt: nxt
+            s.after_next_global_batch = lambda after=after: after
             _, _, local = s.next_iteration(B)
             sizes.append(local)
             s._t_end -= 0.001 * local * (1 if rank == 0 else 50)   # ranks 1, 2: 50x slower

@@ -244,7 +244,10 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=Fal
     split of every iteration, and the records' fields the balancing decides. ``late``: ranks
     that report 80 ms after the others every 7th iteration (their relay's section leaves
     without them: its forecasts then travel in a frame of their own); ``pause``: seconds
-    between the dones of an iteration and the next reports (the workers' compute)."""
+    between the dones of an iteration and the next reports (the workers' compute). As a
+    worker's push/pull ends only once every worker has pushed, each worker sends its done of
+    t once the coordinator has answered the reports of t (its split of t+1+ahead), and
+    takes the split of t+1 from the ones it received."""
     n = len(addresses)
     socks = [None] * n
     threads = [threading.Thread(target=lambda r=r: socks.__setitem__(
@@ -254,9 +257,18 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=Fal
     for t in threads:
         t.join(20)
     files = [f for _, f in socks]
+    ahead = c._policy.ahead
     sizes = json.loads(files[0].readline())["allocation"]
     for f in files[1:]:
         f.readline()
+    got = [{} for _ in range(n)]        # per worker: iteration -> its slice's size
+
+    def answer(t):                      # every worker's split of the iteration t's reports split
+        for r, f in enumerate(files):
+            while t + 1 + ahead not in got[r]:
+                msg = json.loads(f.readline())
+                got[r][msg["iteration"]] = msg["size"]
+    answer(start - 1)                   # the splits sent before any report
     splits = [sizes]
     for t in range(start, start + iterations):
         time.sleep(pause if t > start else 0.0)
@@ -268,7 +280,8 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=Fal
             compute = 0.001 * (1 + r) + sizes[r] * 0.0002 * (1 + (r % 3)) * (1 + (t // 15) % 2)
             sock.sendall(P.encode(P.report(t, sizes[r], compute, 50.0 + 10 * (t % 5), 20.0, 1.0,
                                            64, {"runq": float(r)})))
-        sizes = [json.loads(f.readline())["size"] for f in files]
+        answer(t)
+        sizes = [got[r].pop(t + 1) for r in range(n)]
         splits.append(sizes)
         for r, (sock, _) in enumerate(socks):
             sock.sendall(P.encode(P.done(t, 0.001, 0.002, 0.01)))
@@ -369,9 +382,13 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
                                        iterations=10, start=30)[0]
     assert resumed[str([2, 4])] == resumed[direct] and resumed[str([3, 3])] == resumed[direct]
     assert resumed["hub"] == resumed[direct]     # a hub's relays get their parts of the state
-    assert resumed["afresh"][0] != resumed[direct][0]   # the predictor's state did count
-    # from the split the checkpoint saved (iteration 30 is the restart's warm-up)
+    # the predictor's state did count (in its forecasts: the first split it decides is 33's,
+    # from the reports of 31, and this trace's splits then come out the same)
+    assert resumed["afresh"][1] != resumed[direct][1]
+    # from the splits the checkpoint saved (iteration 30 is the restart's warm-up): the two
+    # the job had decided when it stopped, 30's and 31's
     assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["sizes"]
+    assert resumed[direct][0][:2] == runs[direct][0][30:32]
 
 
 def test_a_hosts_dones_leave_with_its_next_reports_but_not_at_a_checkpoint(tmp_path,
@@ -401,6 +418,48 @@ def test_a_hosts_dones_leave_with_its_next_reports_but_not_at_a_checkpoint(tmp_p
     # writes of either kind may take another shape.)
     assert 2 * (19 - 3) - 8 <= len(pairs) <= 2 * (19 - 3), writes
     assert 2 * 3 - 1 <= len(alone) <= 2 * 4, writes
+
+
+def test_a_checkpoint_holds_the_relays_predictor_state_when_a_done_follows_its_report(
+        tmp_path):
+    """A worker that has its next split need not wait between its report and its done:
+    both may reach the relay in one read. The relay's predictor learns from the reports
+    before the dones of an iteration the coordinator checkpoints leave, so that its state
+    leads them and the checkpoint holds the predictor's state."""
+    config = CoordinatorConfig(num_workers=2, token=TOKEN, checkpoint_dir=str(tmp_path / "c"),
+                               checkpoint_every=2, metrics_path=str(tmp_path / "m.jsonl"))
+    c = Coordinator(config)
+    c.start()
+    relay = RelayThread(c, "host0", 2)
+    try:
+        socks = [None, None]
+        threads = [threading.Thread(target=lambda r=r: socks.__setitem__(
+            r, _raw_worker(relay.address, r, 2))) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        sizes = [{0: json.loads(f.readline())["allocation"][r]} for r, (_, f) in
+                 enumerate(socks)]
+        for t in range(4):
+            for r, (sock, f) in enumerate(socks):
+                while t not in sizes[r]:
+                    msg = json.loads(f.readline())
+                    sizes[r][msg["iteration"]] = msg["size"]
+                compute = 0.001 * sizes[r][t] * (1 + r)
+                sock.sendall(P.encode(P.report(t, sizes[r][t], compute, 50.0, 20.0, 1.0, 64))
+                             + P.encode(P.done(t, 0.001, 0.002, 0.01)))
+        for sock, _ in socks:
+            sock.sendall(P.encode(P.bye(3)))
+            sock.close()
+        assert c.finished.wait(10) and c.failure is None, c.failure
+    finally:
+        c.stop()
+        relay.stop()
+    assert c.speed.remote.all()                       # the relay forecast both workers
+    for t in (1, 3):
+        state = json.loads((tmp_path / "c" / f"coordinator-{t:08d}.json").read_text())
+        assert state["predictor"] is not None, t
 
 
 def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):

@@ -147,7 +147,8 @@ def split_of_three(seed, fixed_s, per_sample_s, slow, iterations=120, B=64):
     from mxlbbsp.core.frames import Rows
     rng = np.random.default_rng(seed)
     c = Coordinator(CoordinatorConfig(num_workers=3, token="t"))
-    c.links.send_split = lambda t, sizes: None                # no workers to send to
+    sent = {}                           # no workers: each split kept for its iteration
+    c.links.send_split = lambda t, sizes: sent.__setitem__(t, np.array(sizes))
     sizes = np.array([22, 21, 21])
     c._sizes = sizes.copy()
     out = []
@@ -159,7 +160,7 @@ def split_of_three(seed, fixed_s, per_sample_s, slow, iterations=120, B=64):
                 "type": "report", "iteration": t, "batch_size": int(sizes[r]),
                 "compute_s": float(compute[r]), "next_global_batch": B}], 0.0))
         c.decide(*decided)
-        sizes = np.asarray(c._sizes)
+        sizes = sent.pop(t + 1, sizes)      # the split of the next iteration, if any came
         out.append(sizes.copy())
     return np.array(out)
 

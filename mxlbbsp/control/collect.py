@@ -34,7 +34,8 @@ class _Reports:
 
     def __init__(self, n: int, width: int):
         #: per worker [batch, compute_s, the --exog columns..., _forecast, _fallbacks,
-        #: next_global_batch] (a relay's forecast and fallback count: NaN when none)
+        #: next_global_batch, after_next_global_batch] (a relay's forecast and fallback
+        #: count, B(t+2): NaN when none)
         self.columns = np.full((n, width), np.nan)
         self.seen = np.zeros(n, dtype=bool)
         self.count = 0
@@ -49,7 +50,7 @@ class Collector:
         # the fields read from every report; with no --exog the predictor still gets one
         # column, of NaN (a name no report has)
         self._keys = ("batch_size", "compute_s") + (self.exog or ("",)) \
-            + ("_forecast", "_fallbacks", "next_global_batch")
+            + ("_forecast", "_fallbacks", "next_global_batch", "after_next_global_batch")
         self._reports: Dict[int, _Reports] = {}
         self._dones: Dict[int, np.ndarray] = {}
         self._samples: Dict[int, int] = {}        # iteration -> its samples (all reports)
@@ -71,13 +72,15 @@ class Collector:
         if t in self._samples:
             return                              # t was decided without them: too late
         columns = self._iteration(t).columns
-        columns[ranks, -3] = values
-        columns[ranks, -2] = fallbacks
+        columns[ranks, -4] = values
+        columns[ranks, -3] = fallbacks
 
-    def reports(self, rows) -> Optional[Tuple[int, Optional[int], np.ndarray, tuple]]:
+    def reports(self, rows) -> Optional[Tuple[int, Optional[int], np.ndarray, tuple,
+                                              Optional[int]]]:
         """Take a batch of reports (WorkerError for a malformed one); (t, rank 0's
         next_global_batch, the columns [batch, compute_s, the --exog columns...], the relays'
-        (forecasts, fallback counts) per rank) once all n reports of t are in, else None."""
+        (forecasts, fallback counts) per rank, rank 0's after_next_global_batch) once all n
+        reports of t are in, else None."""
         t, ranks = rows.iteration, rows.ranks
         if rows.kind("batch_size") != "i" or rows.kind("compute_s") not in ("f", "i"):
             self._bad(rows, t)
@@ -109,9 +112,9 @@ class Collector:
         self._samples[t] = int(columns[:, 0].sum())
         for old in [k for k in self._samples if k < t - 64]:
             del self._samples[old]
-        next_B = columns[0, -1]
-        return (t, (int(next_B) if next_B == next_B else None), columns[:, :-3],
-                (columns[:, -3], columns[:, -2]))
+        next_B, after_B = columns[0, -2], columns[0, -1]
+        return (t, (int(next_B) if next_B == next_B else None), columns[:, :-4],
+                (columns[:, -4], columns[:, -3]), (int(after_B) if after_B == after_B else None))
 
     @staticmethod
     def _bad(rows, t: int) -> None:

@@ -5,10 +5,12 @@ and speaks :mod:`mxlbbsp.core.protocol` with the workers. Per iteration t, once 
 are in:
 
 1. every worker's observed speed (samples/s of its compute phase) and its host's CPU and
-   memory load go to the predictor, which forecasts each worker's speed at t+1;
-2. (``lbbsp``) the balancer splits the next global batch so that all workers are predicted
-   to finish together, keeping the current split when the gain is below the threshold, and
-   the allocation is sent to every worker;
+   memory load go to the predictor, which forecasts each worker's speed;
+2. (``lbbsp``) the balancer splits the global batch of iteration t+2 so that all workers are
+   predicted to finish together, keeping the split in force when the gain is below the
+   threshold, and the split is sent to every worker: the split of t+1 went out an iteration
+   before, so the workers never wait for it unless the coordinator is an iteration late (a
+   mode's ``ahead``: 0 splits t+1 instead, as ``r2sp`` does);
 3. when a worker's ``done`` for t arrives (after its push/pull), its metrics record is
    complete; the recorder writes it off this thread.
 
@@ -89,7 +91,8 @@ class Coordinator:
         self.finished = threading.Event()            # every worker said bye
         self.address = None
         self.speed = SpeedModel(config.num_workers, config.predictor, len(config.exog),
-                                config.time_model, schedules=config.slowdown)
+                                config.time_model, schedules=config.slowdown,
+                                ahead=_modes.get(config.sync).policy.ahead)
         # auto time model: prefer the equal split whenever an uneven one does not gain the
         # threshold (see split.Balancer._prefer_equal)
         self.balancer = _split.Balancer(config.threshold, config.min_batch or 1,
@@ -123,7 +126,9 @@ class Coordinator:
         self._state_due: Optional[int] = None
         self.state_saved: Optional[int] = None
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
-        self._sizes: Optional[np.ndarray] = None
+        self._sizes: Optional[np.ndarray] = None   # the split of the latest iteration planned
+        #: iteration -> its split, for the iterations planned after the last finished one
+        self._splits: Dict[int, np.ndarray] = {}
         self._measured: Optional[tuple] = None       # see `measured`
         self._iteration = -1
         self._samples = 0
@@ -136,7 +141,9 @@ class Coordinator:
         #: ALLOC_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
         self.alloc_latency: collections.deque = collections.deque(maxlen=ALLOC_LATENCY_KEPT)
         self._start = 0                              # first iteration (> 0 when resumed)
-        self._resumed_sizes: Optional[np.ndarray] = None   # the split a checkpoint saved
+        #: the splits a checkpoint saved: of the iteration after it, and of the one after
+        self._resumed_sizes: Optional[np.ndarray] = None
+        self._resumed_next: Optional[np.ndarray] = None
         if config.resume_manifest is not None:
             self._start = int(config.resume_manifest["iteration"]) + 1
             self._iteration = self._start - 1
@@ -153,14 +160,18 @@ class Coordinator:
 
     def state_dict(self) -> dict:
         """What balancing needs to continue without re-learning (JSON-serialisable):
-        the speed model, the split, and the metrics records and summary's totals through the
-        last finished iteration (the complete records not yet written included)."""
+        the speed model, the splits of the two iterations after the last finished one t
+        (``sizes``: of t+1; ``next_sizes``: of t+2, once planned), and the metrics records
+        and summary's totals through t (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
             self._iteration, self._hosts, self.speed.fallbacks,
             self._policy.record_fields)
-        return {"iteration": self._iteration, "num_workers": self.config.num_workers,
-                **self.speed.state_dict(self._relay_states.get(self._iteration)),
-                "sizes": None if self._sizes is None else [int(b) for b in self._sizes],
+        t = self._iteration
+        sizes, after = self._splits.get(t + 1), self._splits.get(t + 2)
+        return {"iteration": t, "num_workers": self.config.num_workers,
+                **self.speed.state_dict(self._relay_states.get(t)),
+                "sizes": None if sizes is None else [int(b) for b in sizes],
+                "next_sizes": None if after is None else [int(b) for b in after],
                 "metrics_records": written, "totals": totals.state()}
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -176,6 +187,8 @@ class Coordinator:
             return
         if self.speed.load_state_dict(state) and state.get("sizes"):
             self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
+            if state.get("next_sizes"):
+                self._resumed_next = np.array(state["next_sizes"], dtype=np.int64)
 
     # ---- the hand-over of an elastic job ---------------------------------------------------
 
@@ -440,18 +453,44 @@ class Coordinator:
             if problem:
                 self._fail(problem, kind="config")
             else:
-                B = int(self._hellos[0]["global_batch_size"])
-                if self._start:
-                    # a resumed job may start at an epoch's short last batch: its split,
-                    # not B's, which each worker would scale down without the bounds
-                    B = first_global_batch(self._hellos[0], self._start)
-                self._sizes = np.asarray(self._policy.first_split(B))
-                resumed = self._resumed_sizes
-                if resumed is not None and self._policy.sends and self.balancer.fits(resumed, B):
-                    self._sizes = resumed          # the split balancing had reached
-                self._hand_off_forecasts()
-                self.links.broadcast(P.welcome(n, self.config.sync, self._sizes))
+                self._open()
         return rank
+
+    def _open(self) -> None:
+        """Every worker registered: the first split in ``welcome``, and with a policy that
+        splits ahead, the next ones (decided before any report: no report splits them)."""
+        policy, start = self._policy, self._start
+        B = self.opening_batch(start)
+        self._sizes = np.asarray(policy.first_split(B))
+        resumed = self._resumed_sizes
+        if resumed is not None and policy.sends and self.balancer.fits(resumed, B):
+            self._sizes = resumed          # the split balancing had reached
+        self._splits = {start: self._sizes}
+        self._hand_off_forecasts()
+        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._sizes))
+        for k in range(1, 1 + policy.ahead):
+            after = self._resumed_next if k == 1 else None
+            if (after is not None and policy.sends
+                    and self.balancer.fits(after, self.opening_batch(start + k))):
+                # the checkpointed job's split of this iteration
+                self.send_split(start + k, after)
+                self._sizes = after
+            else:
+                self._sizes = np.asarray(policy.opening(start + k, self._sizes))
+            self._splits[start + k] = self._sizes
+            log.debug("iteration %d: split %s (before any report)", start + k,
+                      _shown(self._sizes))
+
+    def opening_batch(self, iteration: int) -> int:
+        """The global batch the DataLoaders ask for at ``iteration``, split before any
+        report: their B, or the short last batch of an epoch when the iteration falls on
+        it."""
+        hello = self._hellos[0]
+        if iteration and hello.get("dataset_size"):
+            # a job may start (resumed) or continue at an epoch's short last batch: its
+            # split, not B's, which each worker would scale down without the bounds
+            return first_global_batch(hello, iteration)
+        return int(hello["global_batch_size"])
 
     def _hand_off_forecasts(self) -> None:
         """Every worker has said hello: with a separable predictor, each relay forecasts its
@@ -501,45 +540,53 @@ class Coordinator:
             self._finished(rows.iteration, samples)
 
     def decide(self, t: int, next_B: Optional[int], columns: np.ndarray,
-               forecast: Optional[tuple] = None) -> None:
-        """All n reports of iteration t are in: learn from them and split t+1.
-        ``columns``: per worker [batch, compute_s, the --exog columns...] (Collector);
-        ``next_B``: rank 0's next_global_batch; ``forecast``: the relays' forecasts."""
+               forecast: Optional[tuple] = None, after_B: Optional[int] = None) -> None:
+        """All n reports of iteration t are in: learn from them and split iteration
+        t+1+ahead (the policy's). ``columns``: per worker [batch, compute_s, the --exog
+        columns...] (Collector); ``next_B``, ``after_B``: rank 0's next_global_batch and
+        after_next_global_batch; ``forecast``: the relays' forecasts."""
         started = time.perf_counter()
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
         exog = np.ascontiguousarray(columns[:, 2:])
         self._measured = (batch, compute)
+        policy = self._policy
+        target = t + 1 + policy.ahead            # the iteration the reports of t split
+        B = policy.global_batch(t, next_B, after_B)
+        for old in [k for k in self._splits if k < t]:
+            del self._splits[old]
+        # the split in force (the latest planned), scaled to the B of the one planned now
+        current = self._sizes
+        if current is not None and B is not None and int(current.sum()) != B:
+            current = _split.rescale(current, B)
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
-            self._sizes = self._policy.warmup(t, next_B, self._sizes)
-            if self._sizes is not None:
-                log.debug("iteration %d: split %s (warm-up: no speed learnt yet)", t + 1,
-                          _shown(self._sizes))
+            if B is not None and current is not None:
+                self._sizes = self._splits[target] = np.asarray(policy.warmup(t, B, current))
+                log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
+                          target, _shown(self._sizes))
             return
         model = self.speed.model(t, batch, compute, exog, forecast)
-        if next_B is None:
+        if B is None:
             return
-        current = self._sizes
-        if current is not None and int(current.sum()) != next_B:
-            current = _split.rescale(current, next_B)
         self.balancer.decision = ""
         try:
-            sizes = self._policy.plan(t, model, next_B, current)
+            sizes = policy.plan(t, model, B, current)
         except _split.AllocationError as exc:
-            self._fail(f"cannot split the global batch of iteration {t + 1}: {exc}")
+            self._fail(f"cannot split the global batch of iteration {target}: {exc}")
             return
-        if self._policy.sends:
+        if policy.sends:
             self.alloc_latency.append(time.perf_counter() - started)
-        self._sizes = np.asarray(sizes)
-        # What the predictor expects each worker's observed speed to be at t+1.
-        predicted = self.recorder.predicted[t + 1] = self._sizes / model.time(self._sizes)
+        self._sizes = self._splits[target] = np.asarray(sizes)
+        # What the predictor expects each worker's observed speed to be at that iteration
+        # (a forecast of the next one stands for it)
+        predicted = self.recorder.predicted[target] = self._sizes / model.time(self._sizes)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      t + 1, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
+                      target, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
-        self._policy.after_split(t)
+        policy.after_split(t)
 
     def _on_log(self, rank: int, msg: dict) -> None:
         """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""

@@ -201,13 +201,17 @@ class AutoRegime:
 
 
 class SpeedModel:
-    """The predictor, the AffineFit and the AutoRegime of a job (``kind``: the time model)."""
+    """The predictor, the AffineFit and the AutoRegime of a job (``kind``: the time model).
+    ``ahead``: the mode's (its reports of t split t+1+ahead): how far past the next
+    iteration an oracle looks (the other predictors forecast the next one, which stands for
+    both)."""
 
     def __init__(self, num_workers: int, predictor: str, num_exog: int, kind: str,
-                 schedules=None):
+                 schedules=None, ahead: int = 0):
         self.n, self.predictor_name, self.num_exog, self.kind = (
             num_workers, predictor, max(num_exog, 1), kind)
         self.schedules = schedules
+        self.ahead = int(ahead)
         self.fresh()
 
     def fresh(self) -> None:
@@ -215,6 +219,7 @@ class SpeedModel:
         options = {}
         if getattr(_pred.predictor_class(self.predictor_name), "needs_schedules", False):
             options["schedules"] = self.schedules
+            options["ahead"] = self.ahead
         self.predictor = _pred.create(self.predictor_name, self.n, self.num_exog, **options)
         self.fit = _tm.AffineFit(self.n)
         self.regime = AutoRegime(self.n)                 # --time-model auto

@@ -87,10 +87,10 @@ class EpochPlan:
         """(start, size) of every global batch of an epoch, in order."""
         return [self.batch(k) for k in range(self.length)]
 
-    def next_size(self, k: int) -> int:
-        """The size of the global batch after batch ``k``: batch k+1, or after the epoch's
-        last one the first of the next epoch."""
-        return self.batch(k + 1)[1] if k + 1 < self.length else self.batch(0)[1]
+    def next_size(self, k: int, ahead: int = 1) -> int:
+        """The size of the global batch ``ahead`` batches after batch ``k``; past the
+        epoch's last one, the next epoch's (cut the same way)."""
+        return self.batch((k + ahead) % self.length)[1]
 
     def position(self, iteration: int) -> Tuple[int, int]:
         """(epoch, batch index in it) of ``iteration``."""

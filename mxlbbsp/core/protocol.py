@@ -6,11 +6,17 @@ coordinator closes any connection whose first line is not a ``hello`` with the r
 worker -> coordinator
     hello   {rank, token, pid, host, global_batch_size, dataset_size, max_batch_size}
     report  {iteration, batch_size, compute_s, cpu_percent, mem_percent, slowdown,
-             next_global_batch[, others_cpu, ctx_invol, run_delay, cpu_pressure, steal,
-             runq, others_cpu_tail, run_delay_tail, cpu_pressure_tail]}                   sent when iteration t's gradients are ready; the
-                                      optional contention signals: mxlbbsp.core.signals; the
-                                      first also carries the trainer's momentum (when its
-                                      optimizer has one) and batchnorm (true/false)
+             next_global_batch[, after_next_global_batch, others_cpu, ctx_invol, run_delay,
+             cpu_pressure, steal, runq, others_cpu_tail, run_delay_tail,
+             cpu_pressure_tail]}      sent when iteration t's gradients are ready;
+                                      next_global_batch is B(t+1) (a mode that sets B: the
+                                      most it may be, the rest of the epoch), and
+                                      after_next_global_batch B(t+2) when the loader knows
+                                      it (the split the coordinator decides from this
+                                      report); the optional contention signals:
+                                      mxlbbsp.core.signals; the first also carries the
+                                      trainer's momentum (when its optimizer has one) and
+                                      batchnorm (true/false)
     done    {iteration, wait_s, sync_s, iteration_s}   sent after t's push/pull
     log     {iteration, scalars}      the script's own values of ``iteration`` (mxlbbsp.log):
                                       {name: number or null}, at most 32 names
@@ -20,7 +26,9 @@ worker -> coordinator
                                       of ``iteration`` are ready, it waits for a push slot
 coordinator -> worker
     welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
-                                              iteration 0
+                                              the first iteration (a mode whose splits are
+                                              decided two iterations ahead, lbbsp, sends the
+                                              second's alloc right after it)
     alloc   {iteration, offset, size, total}   this worker's slice of the global batch at
                                       ``iteration``: samples [offset, offset + size) of total.
                                       One message per worker, so a broadcast to n workers is

@@ -5,12 +5,20 @@ A sync mode says how the workers of a job keep in step. It has two sides:
 coordinator side (:class:`CoordinatorPolicy`, one instance per job, inside the coordinator,
 which it sees through :class:`Control`)
     ``validate``     extra checks of the workers' hellos (after the common ones)
-    ``first_split``  the split of iteration 0 (sent in ``welcome``)
+    ``ahead``        0: the reports of t split iteration t+1; 1 (lbbsp and the modes built
+                     on it): they split t+2, so that a worker never waits for its slice
+                     unless the coordinator is a whole iteration late
+    ``first_split``  the split of the first iteration (sent in ``welcome``)
+    ``opening``      with ``ahead``: the split of each of the next ``ahead`` iterations,
+                     before any report (sent right after ``welcome``)
+    ``global_batch`` the global batch of the iteration the reports of t split (a mode that
+                     chooses it: the most it may be), from rank 0's report
     ``warmup``       what to do with iteration t's reports while warming up (t < warmup)
-    ``plan``         once all n reports of t are in: the split of iteration t+1. A policy that
-                     ``sends`` splits sends it itself (:meth:`Control.send_split`),
-                     and may choose its total, the global batch B(t+1), itself: the workers
-                     follow ``total`` of the ``alloc`` message
+    ``plan``         once all n reports of t are in: the split of iteration t+1+``ahead``.
+                     A policy that ``sends`` splits sends it itself
+                     (:meth:`Control.send_split`), and may choose its total, that
+                     iteration's global batch, itself: the workers follow ``total`` of the
+                     ``alloc`` message
     ``on_report``    one worker's report, as it arrives
     ``on_message``   messages of the mode's own (e.g. r2sp's ``request``)
     ``on_done`` / ``on_bye``  a worker finished an iteration / its training loop
@@ -18,7 +26,8 @@ which it sees through :class:`Control`)
 worker side (:class:`SyncMode`, methods taking the worker's session as :class:`WorkerSession`)
     ``kvstore``             the MXNet kvstore type (dist_sync or dist_async)
     ``follows_allocations`` whether the worker waits for the coordinator's split from
-                            iteration 1 on (else it cuts the equal split by itself)
+                            its second iteration on (else it cuts the equal split by
+                            itself)
     ``normalisers``         (N(t), N0): the gradient normaliser of this step and the nominal
                             one baked into the servers' optimizer (see :mod:`mxlbbsp.worker.trainer`)
     ``before_push``         anything to wait for between the gradients and the push
@@ -148,6 +157,10 @@ class CoordinatorPolicy:
 
     #: whether this policy sends ``alloc`` messages (then the workers wait for them)
     sends = False
+    #: the reports of t split iteration t + 1 + ahead: 0, or 1 (lbbsp: the split of t+1
+    #: went out an iteration before, while the workers computed t, and the first
+    #: ``1 + ahead`` splits come before any report: ``first_split``, then ``opening``)
+    ahead = 0
 
     def __init__(self, coordinator: Control, options: Optional[dict] = None):
         self.coordinator = coordinator
@@ -170,21 +183,40 @@ class CoordinatorPolicy:
     def first_split(self, global_batch: int) -> np.ndarray:
         return _split.equal_split(global_batch, self.num_workers)
 
-    def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
-        """Iteration t < warmup: not learnt from. Returns the split in force for t+1."""
+    def opening(self, iteration: int, current: np.ndarray) -> np.ndarray:
+        """With ``ahead``: the split of ``iteration``, one of the ``ahead`` iterations after
+        the first, decided before any report (``current``: the split before it). A policy
+        that ``sends`` splits sends it itself."""
+        return current
+
+    def global_batch(self, t: int, next_B: Optional[int],
+                     after_B: Optional[int]) -> Optional[int]:
+        """The global batch of iteration t+1+``ahead``, the one the reports of t split,
+        from rank 0's report of t: ``next_B`` is B(t+1), ``after_B`` B(t+2) when its loader
+        knows it (a worker whose B differs from the split's total rescales its slice).
+        None: the data ends, nothing to split."""
+        if self.ahead and after_B is not None:
+            return after_B
+        return next_B
+
+    def warmup(self, t: int, next_B: int, current: np.ndarray) -> np.ndarray:
+        """Iteration t < warmup: not learnt from. Returns the split of t+1+``ahead``, of
+        ``next_B`` samples (:meth:`global_batch`; ``current``: the split in force, scaled
+        to it); a policy that ``sends`` splits sends it itself."""
         return current
 
     def plan(self, t: int, model: _tm.TimeModel, next_B: int,
              current: Optional[np.ndarray]) -> np.ndarray:
-        """The split of iteration t+1 (all n reports of t are in).
+        """The split of iteration t+1+``ahead`` (all n reports of t are in), of ``next_B``
+        samples (:meth:`global_batch`; ``current``: the split in force, scaled to it).
 
         May raise :class:`~mxlbbsp.core.split.AllocationError` (the job fails with its text).
         """
         return _split.equal_split(next_B, self.num_workers)
 
     def after_split(self, t: int) -> None:
-        """After :meth:`plan` of iteration t returned and its split went out (its latency
-        taken): a policy's own work that the workers need not wait for."""
+        """After :meth:`plan` of the reports of t returned and its split went out (its
+        latency taken): a policy's own work that the workers need not wait for."""
 
     def on_report(self, rank: int, msg: dict) -> None:
         """Worker ``rank``'s report of ``msg['iteration']`` (its gradients are ready)."""

@@ -17,8 +17,9 @@ Worker side: the DataLoader cuts global batch t, of the size B(t) that ``total``
 ``alloc`` message carries, right after batch t-1 in the epoch's permutation (every sample
 once per epoch); the learning rate follows B(t) / B0 by ``--lr-scaling`` (B0: the
 DataLoader's ``global_batch_size``), and gradients are normalised by B(t) as in every
-synchronous mode. Before the first B is chosen (iteration 0, the warm-up), B0 clipped into
-the range is used.
+synchronous mode. B(t+2) is chosen from the reports of t (lbbsp's lookahead: the workers
+never wait for it); before the first B is chosen (iterations 0 to 2: the two splits before
+any report and the warm-up's), B0 clipped into the range is used.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ DEFAULTS = {"deadline": None, "batch_range": "64:1024", "lr_scaling": "linear", 
 
 
 class CourierPolicy(BatchChoosingPolicy):
-    """Chooses B(t+1) for the deadline, then splits it as LB-BSP does."""
+    """Chooses B(t+2) for the deadline from the reports of t, then splits it as LB-BSP
+    does."""
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
@@ -62,9 +64,11 @@ class CourierPolicy(BatchChoosingPolicy):
         self.clock = time.monotonic
         started = getattr(coordinator.config, "started", None)
         self.started = self.clock() if started is None else float(started)
-        #: (iteration, when its allocation was sent, its predicted time): the planner's
-        #: margin follows measured against predicted iteration times
-        self._sent: Optional[tuple] = None
+        #: (t, when the reports of t were planned from): the time to the next plan is
+        #: about iteration t+1's, which the planner's margin compares with its prediction
+        self._planned: Optional[tuple] = None
+        #: iteration -> its predicted time, from when its B was chosen
+        self._predicted: dict = {}
         #: iteration -> (seconds from the start when it was planned, predicted finish)
         self.plans: dict = {}
         #: iteration -> seconds from the start when its last push/pull ended (so far)
@@ -74,30 +78,34 @@ class CourierPolicy(BatchChoosingPolicy):
     # ---- iterations -------------------------------------------------------------------
 
     def warmup(self, t, next_B, current):
-        self._sent = None
+        self._planned = None
         return super().warmup(t, next_B, current)
 
     def plan(self, t, model, next_B, current):
-        # ``current`` comes scaled to next_B, which here is only a cap (the rest of the
-        # epoch): the split in force is the coordinator's.
-        current = self.coordinator.current_split
+        # ``next_B`` is only a cap here (the rest of the epoch after t+ahead)
+        target = t + 1 + self.ahead
         now = self.clock()
-        if self._sent is not None and self._sent[0] == t:
-            self.planner.observe(now - self._sent[1], self._sent[2])
+        predicted = self._predicted.pop(t, None)
+        if self._planned is not None and self._planned[0] == t - 1 and predicted is not None:
+            self.planner.observe(now - self._planned[1], predicted)
+        self._planned = (t, now)
         elapsed = now - self.started
-        time_left = self.deadline_s - elapsed
-        done = self.trained + self.totals.get(t, 0)
+        # the batches up to the one planned were chosen already: their samples are done,
+        # and their time is spent
+        time_left = self.deadline_s - elapsed - sum(
+            self._predicted.get(k, 0.0) for k in range(t + 1, target))
+        done = self.trained + sum(self.totals.get(k, 0) for k in range(t, target))
         remaining = max(self.epochs * self.dataset_size - done, 0)
         N = self.dataset_size
         in_epoch = next_B if next_B is not None and next_B < N else 0
         work = _planner.Work(min(in_epoch, remaining), N, max(remaining - in_epoch, 0) / N)
         if self.sync_s is None:
             # no push/pull measured yet: nothing to plan with; keep the batch
-            B = self.totals.get(t, self.lo)
+            B = self.totals.get(target - 1, self.lo)
         else:
             B = self.planner.update(model, self.sync_s, work, time_left,
                                     self.coordinator.balancer.max_batch,
-                                    iteration=t + 1)
+                                    iteration=target)
             if self.planner.missing and not self._warned:
                 log.warning("no global batch in %d:%d meets the deadline: %s of work left at "
                             "the fastest (B=%d), %s to the deadline; running at B=%d",
@@ -105,13 +113,14 @@ class CourierPolicy(BatchChoosingPolicy):
                             _planner.format_duration(self.planner.predicted_finish()), B,
                             _planner.format_duration(time_left), B)
             self._warned = self.planner.missing
-        sizes = self._split_and_send(t, model, B, next_B, current)
+        sizes = self._split_and_send(t, model, B, next_B)
         if self.sync_s is not None:
-            self._sent = (t + 1, self.clock(),
-                          _planner.iteration_time(model, self.sync_s, int(np.sum(sizes)),
-                                                  self.coordinator.balancer.max_batch))
+            self._predicted[target] = _planner.iteration_time(
+                model, self.sync_s, int(np.sum(sizes)), self.coordinator.balancer.max_batch)
+        for old in [k for k in self._predicted if k < t]:
+            del self._predicted[old]
         finish = self.planner.predicted_finish()
-        self.plans[t + 1] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
+        self.plans[target] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
         for old in [k for k in self.plans if k < t - 64]:
             del self.plans[old]
         return sizes

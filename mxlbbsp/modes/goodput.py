@@ -36,7 +36,7 @@ noise scale falls or the throughput model changes (a worker slows down, or leave
 the noise scale (with its error bar) and the push/pull time are known (the first
 iterations), B0 clipped into the range is kept.
 
-Off the critical path: the split of t+1 goes out at the B chosen last time
+Off the critical path: the split of t+2 goes out at the B chosen last time
 (:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
 ``PLAN_EVERY`` iterations, every candidate scored at once in numpy
 (:meth:`IterationModel.many`), and the fixed costs refitted every ``FIT_EVERY``
@@ -275,7 +275,8 @@ class GoodputPlanner:
 
 
 class GoodputPolicy(BatchChoosingPolicy):
-    """Chooses B(t+1) by goodput, then splits it as LB-BSP does."""
+    """Chooses B(t+2) by goodput from the reports of t, then splits it as LB-BSP
+    does."""
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)
@@ -353,30 +354,32 @@ class GoodputPolicy(BatchChoosingPolicy):
         return batch
 
     def plan(self, t, model, next_B, current):
-        """The split of t+1 at the B the planner chose last time, sent at once; the next
-        choice is made in :meth:`after_split`, off the workers' path: a change of B takes
-        effect one iteration later."""
-        current = self.coordinator.current_split
-        B = self.totals.get(t, self.lo) if self.planner is None else self.planner.current
-        sizes = self._split_and_send(t, model, B, next_B, current)
+        """The split of t+1+ahead at the B the planner chose last time, sent at once; the
+        next choice is made in :meth:`after_split`, off the workers' path: a change of B
+        takes effect one iteration later."""
+        target = t + 1 + self.ahead
+        B = self.totals.get(target - 1, self.lo) if self.planner is None \
+            else self.planner.current
+        sizes = self._split_and_send(t, model, B, next_B)
         self._to_plan = (t, model, sizes)
         return sizes
 
     def after_split(self, t: int) -> None:
-        """The planner's next choice from what iteration t measured (the split of t+1 is
-        out): the workers' time models with their fixed costs, the push/pull time, the
+        """The planner's next choice from what iteration t measured (the split of t+1+ahead
+        is out): the workers' time models with their fixed costs, the push/pull time, the
         noise scale and its error bar."""
         if self._to_plan is None or self._to_plan[0] != t:
             return
         _, model, sizes = self._to_plan
         self._to_plan = None
+        target = t + 1 + self.ahead
         # the split goes by the split's model; the throughput, with the fixed costs
         batches = self._observe_times()
-        note = self.noted.setdefault(t + 1, {})
+        note = self.noted.setdefault(target, {})
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
         phi = self.phi
-        if self._planned is not None and t + 1 - self._planned < PLAN_EVERY:
+        if self._planned is not None and target - self._planned < PLAN_EVERY:
             return
         if batches is not None:
             model = with_fixed_costs(model, self.fit.intercept, batches)
@@ -384,8 +387,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             fn = iteration_model(self.kind, model, self.sync_s,
                                  self.coordinator.balancer.max_batch, self.least)
-            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=t + 1)
-            self._planned = t + 1
+            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target)
+            self._planned = target
         row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
             point = self.noise.noise_scale

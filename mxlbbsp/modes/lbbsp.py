@@ -1,9 +1,14 @@
 """``lbbsp``: load-balanced BSP, the default mode.
 
-Once all n reports of iteration t are in, the balancer splits B(t+1) so that every worker is
+Once all n reports of iteration t are in, the balancer splits B(t+2) so that every worker is
 predicted to finish together (kept unchanged when the predicted gain is under
-``--threshold``), and each worker gets its own ``alloc(t+1)``. The workers wait for it from
-iteration 1 on (normally it is already there).
+``--threshold``), and each worker gets its own ``alloc(t+2)``: the split of t+1 went out an
+iteration before, so a worker has it before it needs it unless the coordinator is a whole
+iteration late. (Splitting t+1 from the reports of t, the worker waited for the answer after
+its push/pull: on a model of a few milliseconds that was the coordinator's latency, whose
+Python shares the workers' cores.) The forecast of t+1 stands for t+2. The first two splits
+come before any report: the equal split, in ``welcome`` and right after it. The workers wait
+for their slice from their second iteration on (normally it has long been there).
 """
 from __future__ import annotations
 
@@ -21,22 +26,34 @@ from ._api import CoordinatorPolicy, Option, SyncMode, register
 
 
 class LBBSPPolicy(CoordinatorPolicy):
+    """The reports of t split iteration t+2 (``ahead``; see the module docstring), of
+    B(t+2) as rank 0's loader announced it (``after_next_global_batch``; else B(t+1), and a
+    worker whose B(t+2) differs rescales its slice)."""
     sends = True
+    ahead = 1
+
+    def opening(self, iteration: int, current: np.ndarray) -> np.ndarray:
+        # within the bounds for the B the loaders will ask for (an epoch's short last batch
+        # among them), not rescaled by each worker without them
+        coordinator = self.coordinator
+        current = coordinator.balancer.scale(current, coordinator.opening_batch(iteration))
+        coordinator.send_split(iteration, current)
+        return current
 
     def first_split(self, global_batch: int) -> np.ndarray:
         """The equal split within the workers' caps: no speed is known yet."""
         return self.coordinator.balancer.even(global_batch, self.num_workers)
 
     def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
-        if next_B is None:
-            return current
+        # within the workers' caps and least local batches (``current`` comes rescaled to
+        # B(t+2) without them; an epoch's short last batch keeps every worker's least)
         sizes = self.coordinator.balancer.scale(current, next_B)
-        self.coordinator.send_split(t + 1, sizes)
+        self.coordinator.send_split(t + 1 + self.ahead, sizes)
         return sizes
 
     def plan(self, t, model, next_B, current):
         sizes = self.coordinator.balancer.allocate(model, next_B, current)
-        self.coordinator.send_split(t + 1, sizes)
+        self.coordinator.send_split(t + 1 + self.ahead, sizes)
         return sizes
 
 
@@ -78,6 +95,11 @@ class BatchChoosingPolicy(LBBSPPolicy):
     the measured push/pull time. A subclass sets ``lo`` and ``hi`` and decides B in ``plan``;
     ``_before_split`` is its say just before a split goes out (goodput: the learning rate).
 
+    As in lbbsp the reports of t split t+2 (``ahead``): B(t+2) is chosen then, within the
+    rest of the epoch after B(t+1), which was chosen an iteration before (rank 0 reports
+    the rest after t, ``next_global_batch``: the rest after t+1 is that less B(t+1), or a
+    new epoch). B(1) is B(0) again, within the epoch, sent before any report.
+
     The push/pull time of an iteration is the least any worker measured (``sync_s``): in
     dist_sync every worker's push waits for the last worker's, so the others' times add the
     wait for it (an imbalance, or a worker pausing, e.g. rank 0 evaluating untimed between
@@ -91,7 +113,7 @@ class BatchChoosingPolicy(LBBSPPolicy):
         super().__init__(coordinator, options)
         self.lo = self.hi = 0
         self.dataset_size = 0
-        self.trained = 0                 # samples of the iterations decided so far
+        self.trained = 0                 # samples of the iterations before the one decided
         self.totals: Dict[int, int] = {}  # iteration -> B(t) as sent
         self.sync_s: Optional[float] = None
         #: iteration -> [dones counted, the least push/pull time among them]
@@ -124,6 +146,33 @@ class BatchChoosingPolicy(LBBSPPolicy):
         self.totals[0] = B
         return self.coordinator.balancer.even(B, self.num_workers)
 
+    def _rest(self, rest: Optional[int], B: int) -> Optional[int]:
+        """The rest of the epoch after a batch of B taken from ``rest`` (a new epoch when
+        nothing is left): the most the batch after it may be."""
+        if rest is None:
+            return None
+        left = rest - B
+        return left if left > 0 else self.dataset_size
+
+    def opening(self, iteration, current):
+        # B(0) again, within the rest of the epoch (a job of these modes starts at one:
+        # they are not checkpointed)
+        rest = self.dataset_size
+        for k in range(iteration - 1):
+            rest = self._rest(rest, self.totals[k])
+        before = self.totals[iteration - 1]
+        B = self._cap(before, self._rest(rest, before))
+        sizes = self.coordinator.balancer.scale(current, B)
+        self._send(iteration, sizes)
+        return sizes
+
+    def global_batch(self, t, next_B, after_B):
+        """The most B(t+1+ahead) may be: rank 0's ``next_global_batch`` is the rest of the
+        epoch after t, less B(t+1) when splitting ahead."""
+        for k in range(t + 1, t + 1 + self.ahead):
+            next_B = self._rest(next_B, self.totals.get(k, 0))
+        return next_B
+
     @property
     def least(self) -> int:
         """The smallest global batch that can be split: every worker its least local batch
@@ -146,23 +195,28 @@ class BatchChoosingPolicy(LBBSPPolicy):
             return B if self.most is None else min(B, self.most)
         return _epochs.cut(B, cap, self.num_workers, self.most, self.least)
 
-    def _decided(self, t: int, sizes) -> None:
-        self.totals[t + 1] = int(np.sum(sizes))
+    def _send(self, iteration: int, sizes) -> None:
+        """The split of ``iteration`` out (the subclass's say first), its B noted."""
+        self._before_split(iteration, sizes)
+        self.coordinator.send_split(iteration, sizes)
+        self.totals[iteration] = int(np.sum(sizes))
+
+    def _decided(self, t: int) -> None:
+        """The reports of t were split from: iteration t counts as trained."""
         self.trained += self.totals.get(t, 0)
         for old in [k for k in self.totals if k < t - 1]:
             del self.totals[old]
 
-    def _split_and_send(self, t: int, model, B: int, next_B: Optional[int],
-                        current: Optional[np.ndarray]) -> np.ndarray:
-        """B (within the rest of the epoch) split as LB-BSP splits, from the split in force
-        (``current``), sent as the split of t+1, and noted as decided."""
+    def _split_and_send(self, t: int, model, B: int, next_B: Optional[int]) -> np.ndarray:
+        """B (within the rest of the epoch, ``next_B``) split as LB-BSP splits, from the
+        split in force, sent as the split of t+1+ahead, and noted as decided."""
         B = self._cap(B, next_B)
-        if current is not None and int(current.sum()) != B:
+        current = self.coordinator.current_split
+        if current is not None:
             current = _split.rescale(current, B)
         sizes = self.coordinator.balancer.allocate(model, B, current)
-        self._before_split(t + 1, sizes)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
+        self._send(t + 1 + self.ahead, sizes)
+        self._decided(t)
         return sizes
 
     def _before_split(self, iteration: int, sizes) -> None:
@@ -170,11 +224,13 @@ class BatchChoosingPolicy(LBBSPPolicy):
         so a worker has them once it has its slice)."""
 
     def warmup(self, t, next_B, current):
-        B = self._cap(self.totals.get(t, int(current.sum())), next_B)
+        # the B before it again (``current`` comes scaled to next_B, here only a cap)
+        target = t + 1 + self.ahead
+        current = self.coordinator.current_split
+        B = self._cap(self.totals.get(target - 1, int(current.sum())), next_B)
         sizes = self.coordinator.balancer.scale(current, B)
-        self._before_split(t + 1, sizes)
-        self.coordinator.send_split(t + 1, sizes)
-        self._decided(t, sizes)
+        self._send(target, sizes)
+        self._decided(t)
         return sizes
 
     def on_done(self, rank, msg):

@@ -1,11 +1,14 @@
-"""The oracle: knows every worker's emulated slowdown factor of the next iteration.
+"""The oracle: knows every worker's emulated slowdown factor of the iteration it forecasts.
 
 Only meaningful with ``--emulate-slowdown``: it is the upper bound that shows what prediction
 costs (benchmarks compare each predictor with it). It strips the known factor from each
 observation to get the worker's undisturbed speed u_i, smooths u_i with an EMA (the noise
 that no predictor can know), and forecasts::
 
-    speed_i(t+1) = u_i / factor_i(t+1)
+    speed_i(t+1+ahead) = u_i / factor_i(t+1+ahead)
+
+``ahead``: the mode's (lbbsp splits t+2 from the reports of t: 1), so that it knows the
+factor of the iteration the split is for.
 """
 from __future__ import annotations
 
@@ -22,10 +25,11 @@ class Oracle(Predictor):
     needs_schedules = True
 
     def __init__(self, num_workers: int, num_exog: int = 2,
-                 schedules: Optional[Sequence] = None, alpha: float = 0.5):
+                 schedules: Optional[Sequence] = None, alpha: float = 0.5, ahead: int = 0):
         super().__init__(num_workers, num_exog)
         self.schedules = list(schedules) if schedules else []
         self.alpha = alpha
+        self.ahead = int(ahead)
         self._t = 0
         self._base = np.full(self.num_workers, np.nan)
 
@@ -46,4 +50,4 @@ class Oracle(Predictor):
         self._t += 1
 
     def predict(self) -> np.ndarray:
-        return self._base / self._factors(self._t)
+        return self._base / self._factors(self._t + self.ahead)

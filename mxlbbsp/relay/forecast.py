@@ -57,6 +57,7 @@ class Forecaster:
         self._open: Dict[int, list] = {}       # iteration -> [speeds, exog, which are in]
         self.latest = -1                       # the last iteration whose reports were all in
         self._due: Optional[int] = None        # an iteration whose state the coordinator wants
+        self._pending = False                  # an iteration is in, its training step not run
 
     def report(self, rank: int, msg: dict) -> Optional[Tuple[int, np.ndarray, np.ndarray]]:
         """Take a worker's report; once it is the host's last of its iteration t (from the
@@ -82,6 +83,7 @@ class Forecaster:
         for old in [k for k in self._open if k <= t]:
             del self._open[old]
         self.latest = t
+        self._pending = True
         if self.every and (t + 1) % self.every == 0:
             self._due = t
         if t < self.start:                     # the warm-up: the coordinator learns nothing
@@ -92,8 +94,12 @@ class Forecaster:
             return t, predictor.predict(), predictor.fallbacks.copy()
 
     def learn(self) -> Optional[dict]:
-        """The predictor's training step (after the forecasts left); the STATE message's
-        content when the coordinator checkpoints this iteration, else None."""
+        """The predictor's training step (after the forecasts left), once per iteration
+        (a second call does nothing); the STATE message's content when the coordinator
+        checkpoints this iteration, else None."""
+        if not self._pending:
+            return None
+        self._pending = False
         self.predictor.learn()
         t, self._due = self._due, None
         if t is None:

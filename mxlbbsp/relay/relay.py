@@ -192,6 +192,11 @@ class Relay:
             # once they are in (its state's JSON would then delay the next split)
             self._hold_dones()
         else:
+            if key[0] == P.DONE and self.forecaster is not None:
+                # the training step of these dones' reports first (it was only scheduled
+                # after them): at a checkpoint its state must lead them, and a worker that
+                # need not wait for its next split sends its done right after its report
+                self._learn()
             stream.flush()
 
     def _forecast(self, rank: int, msg: dict, section: Section) -> None:

@@ -9,8 +9,8 @@ the workers' batches at iteration t is exactly what one process takes at iterati
 
 With ``num_workers > 0`` samples are loaded by Gluon's worker pool. Prefetching follows the
 allocation: the next batch is submitted to the pool the moment its size is known (at once in
-``bsp``/``asp`` and in a single process; in ``lbbsp`` when the coordinator's answer arrives,
-which happens while this iteration's gradients are being pushed and pulled).
+``bsp``/``asp`` and in a single process; in ``lbbsp`` as soon as the coordinator's split of it
+has arrived, normally an iteration before it begins, so at once too).
 """
 from __future__ import annotations
 
@@ -181,7 +181,9 @@ class DataLoader:
             sess.iteration = self._start - 1
         for k in range(skip, plan.length):
             start, size = plan.batch(k)
+            # B(t+1) and B(t+2), which the coordinator splits ahead
             sess.next_global_batch = lambda nxt=plan.next_size(k): nxt
+            sess.after_next_global_batch = lambda after=plan.next_size(k, 2): after
             t, offset, local = sess.next_iteration(size)
             indices = order[start + offset:start + offset + local]
             if self._pool is None:
@@ -215,6 +217,8 @@ class DataLoader:
             if total > N - cursor:
                 raise RuntimeError(f"global batch {total} of iteration {t} runs past the end "
                                    f"of the epoch ({N - cursor} samples left)")
+            # B(t+2) depends on B(t+1), which the coordinator chose: it knows it itself
+            sess.after_next_global_batch = lambda: None
             indices = order[cursor + offset:cursor + offset + local]
             cursor += total
             sess.next_global_batch = lambda cap=_epochs.next_cap(N, cursor): cap

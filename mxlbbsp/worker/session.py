@@ -16,8 +16,9 @@ coordinator grants; it is 0 in the other modes)
 
 ``compute_s`` is everything the worker does on its own (it grows with its batch);
 ``wait_s`` is time spent waiting for the others. The report of t (batch, compute_s, host CPU and
-memory load) is sent as soon as the gradients are ready, so the coordinator's answer, b(t+1),
-travels while the push/pull runs.
+memory load) is sent as soon as the gradients are ready; in lbbsp the coordinator's answer is
+b(t+2) (b(t+1) went out an iteration before), so the worker waits for its slice only when the
+coordinator is a whole iteration late.
 
 No framework import here: the caller waits for MXNet's asynchronous engine before it calls
 :meth:`Session.gradients_ready` and :meth:`Session.step_done`.
@@ -181,6 +182,9 @@ class Session:
         self.global_grad_sqr: Optional[float] = None
         self._info_sent = False
         self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
+        #: B(t+2) as the loader sees it, when it knows it (None: it does not, e.g. while the
+        #: coordinator chooses each B): the split decided from this iteration's report
+        self.after_next_global_batch: Callable[[], Optional[int]] = lambda: None
         #: the phases' clock readings (MXLBBSP_TIMELINE), or None: off
         self.clock: Optional[_timeline.Timeline] = _timeline.from_env(self.rank, env)
         addr = _env.coordinator(env)
@@ -441,6 +445,9 @@ class Session:
             msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
                            self.next_global_batch(), self._signals.read())
             msg["global_batch"] = self.batch_global
+            after = self.after_next_global_batch()
+            if after is not None:
+                msg["after_next_global_batch"] = after
             if self.model_info and not self._info_sent:
                 msg.update(self.model_info)
                 self._info_sent = True
