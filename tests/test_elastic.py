@@ -116,7 +116,7 @@ def worker_of(marker, rank):
 def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_path):
     hosts = Hosts(tmp_path)
     hosts.set(*HOSTS[:2])
-    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50)
+    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50, "--max-workers", 3)
     try:
         reached(run, 10)
         hosts.set(*HOSTS)
@@ -193,6 +193,8 @@ def test_a_discovery_script_that_keeps_failing_is_exit_2(tmp_path):
 @pytest.mark.parametrize("args, said", [
     (["--min-workers", 3, "--max-workers", 2], "--min-workers 3 is above --max-workers 2"),
     (["--max-workers", 0], "--max-workers 0: must be in 1..65536"),
+    # horovodrun's spellings of the same two options
+    (["--min-np", 3, "--max-np", 2], "is above --max-workers 2"),
     (["-n", 2], "-n with an elastic job"),
     (["--discovery-interval", 0], "--discovery-interval 0: must be a positive number"),
 ])

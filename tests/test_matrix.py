@@ -62,9 +62,10 @@ the option):
     --dry-run                                        test_hostfile::test_dry_run_prints_...
                                                        (starts nothing, by its definition)
     --host-discovery-script, --discovery-interval,   test_elastic::test_grow_shrink_and_a_...,
-      --min-workers                                    test_sigterm_is_a_graceful_shrink_...
-    --max-workers, --min-np, --max-np                none yet (their checks: test_elastic,
-                                                       test_discovery)
+      --min-workers, --max-workers                     test_sigterm_is_a_graceful_shrink_...
+    --min-np, --max-np                               test_elastic::test_contradictory_...
+                                                       (horovodrun's names of --min-workers and
+                                                       --max-workers: parsed, no job of their own)
 """
 import json
 import math
