@@ -284,3 +284,29 @@ def test_workers_report_what_signals_and_exog_ask_for(tmp_path):
         assert row["cpu_percent"] is None and row["mem_percent"] is None
     assert all(row["runq"] >= 1 for row in rows)
     assert any(row["others_cpu_tail"] is not None for row in rows)
+
+
+def test_the_proc_files_kept_open_read_what_opening_them_reads():
+    """The files read at every snapshot stay open and are read again from their start: each
+    read is the file's text now (not the text of its first read), a forked process reads its
+    own /proc/self, and the context switches are psutil's."""
+    import os
+    import psutil
+    first = signals.read_proc("/proc/self/stat")
+    busy = time.perf_counter() + 0.05
+    while time.perf_counter() < busy:       # this process's CPU time moves
+        pass
+    again = signals.read_proc("/proc/self/stat")
+    with open("/proc/self/stat", "rb") as fh:
+        fresh = fh.read()
+    assert again != first and again.split()[:13] == fresh.split()[:13]
+    assert signals.read_proc("/proc/no-such-file") is None
+    s = signals.Signals(tail=False, columns=("ctx_invol",))
+    assert s._ctx() == pytest.approx(psutil.Process().num_ctx_switches().involuntary, abs=50)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                            # the child: its own pid in its own /proc/self
+        os.write(w, signals.read_proc("/proc/self/stat").split()[0])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert int(os.read(r, 64)) == pid

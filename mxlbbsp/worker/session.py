@@ -520,15 +520,16 @@ class _HostLoad:
             import psutil
             return psutil.cpu_percent(interval=None), psutil.virtual_memory().percent
         try:
-            with open("/proc/stat", "rb") as fh:
-                now = [int(x) for x in fh.readline().split()[1:11]]
-            with open("/proc/meminfo", "rb") as fh:
-                mem = {}
-                for line in fh:
-                    key, value = line.split(b":", 1)
-                    mem[key] = int(value.split()[0])
-                    if b"MemAvailable" in mem:
-                        break
+            stat, meminfo = _signals.read_proc("/proc/stat"), _signals.read_proc("/proc/meminfo")
+            if stat is None or meminfo is None:
+                raise OSError("/proc/stat or /proc/meminfo cannot be read")
+            now = [int(x) for x in stat.split(b"\n", 1)[0].split()[1:11]]
+            mem = {}
+            for line in meminfo.split(b"\n"):
+                key, value = line.split(b":", 1)
+                mem[key] = int(value.split()[0])
+                if b"MemAvailable" in mem:
+                    break
         except (OSError, ValueError, IndexError):
             self._proc = False
             return self()
