@@ -29,6 +29,9 @@ EXIT_CONFIG = 2
 #: themselves before the teardown stops them: they end with the workers' finalisation when
 #: the workers used the kvstore, and never when they did not (nobody will talk to them)
 FINISH_GRACE = 0.5
+#: the same when no worker said hello to the coordinator (a script without mxlbbsp: its
+#: servers end within milliseconds if it used the kvstore, never if it did not)
+FINISH_GRACE_UNSEEN = 0.1
 
 
 class Supervisor:
@@ -169,7 +172,8 @@ class Supervisor:
         have finalised (within milliseconds), or never, when no worker used the kvstore
         (e.g. ``python -c "print('hi')"``): after FINISH_GRACE the teardown stops them; the
         summary; 0."""
-        deadline = time.monotonic() + FINISH_GRACE
+        grace = FINISH_GRACE if self.coordinator.registered else FINISH_GRACE_UNSEEN
+        deadline = time.monotonic() + grace
         # (a relay ends by itself once its workers have, or is stopped with the job: a
         # script without mxlbbsp's loader never connects to it)
         for p in self.roles.servers + [self.roles.scheduler]:

@@ -88,3 +88,17 @@ def test_a_worker_killed_by_a_signal_is_named(tmp_path, sig, name):
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, r.stderr
     assert f"error: worker 1 was killed by {name}; stopping" in errors[0]
+
+
+def test_a_script_that_never_uses_mxlbbsp_or_the_kvstore_ends_at_once_and_cleanly():
+    """`launch -n 2 -- python -c "print('hi')"`: no worker says hello, so the servers, which
+    would wait for workers for ever, are stopped right after the workers end (not after the
+    grace a job that used the kvstore gives them), with exit 0 and nothing left running."""
+    from launcher import supervise
+    assert supervise.FINISH_GRACE_UNSEEN < supervise.FINISH_GRACE
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", 0, "--", PY, "-c", "print('hi')",
+                    timeout=120)
+    assert r.rc == 0, r.output
+    assert "[worker 0] hi" in r.stdout and "[worker 1] hi" in r.stdout, r.output
+    assert "error" not in r.output and "warning" not in r.output, r.output
+    assert "[mxlbbsp] done in" in r.stderr, r.output
