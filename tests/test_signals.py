@@ -107,7 +107,7 @@ def test_the_sampler_thread_takes_the_tail_at_the_end_of_a_window():
 
 
 def test_missing_pressure_file_is_nan_not_an_error(monkeypatch):
-    monkeypatch.setattr(signals, "_read", lambda path: None)
+    monkeypatch.setattr(signals, "read_proc", lambda path: None)
     s = signals.Signals()
     s.begin()
     out = s.read()
@@ -310,3 +310,17 @@ def test_the_proc_files_kept_open_read_what_opening_them_reads():
         os._exit(0)
     os.waitpid(pid, 0)
     assert int(os.read(r, 64)) == pid
+
+
+def test_the_file_of_a_thread_that_ended_is_closed_when_the_threads_are_listed_again():
+    s = signals.Signals(tail=False, columns=("run_delay",))
+    ended = threading.Thread(target=lambda: time.sleep(0.2))
+    ended.start()
+    s.begin()                                   # lists the threads, reads each one's file
+    path = f"/proc/self/task/{ended.native_id}/schedstat"
+    assert path in signals._proc_files._fds
+    ended.join()
+    s._snapshots = signals.CHILDREN_EVERY       # the next snapshot lists the threads again
+    s.read()
+    assert path not in signals._proc_files._fds
+    assert f"/proc/self/task/{threading.get_native_id()}/schedstat" in signals._proc_files._fds

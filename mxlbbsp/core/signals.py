@@ -115,6 +115,12 @@ class _ProcFiles:
         except OSError:
             return None
 
+    def forget(self, prefix: str, keep) -> None:
+        """Close the files under ``prefix`` other than ``keep`` (the threads that ended
+        since the list of threads was last read: their files are not read again)."""
+        for path in [p for p in self._fds if p.startswith(prefix) and p not in keep]:
+            self._drop(path)
+
     def _drop(self, path: str) -> None:
         fd = self._fds.pop(path, None)
         if fd is not None:
@@ -133,12 +139,9 @@ def read_proc(path: str) -> Optional[bytes]:
     return _proc_files.read(path)
 
 
-_read = read_proc
-
-
 def _host_stat():
     """(busy seconds, total seconds, steal seconds, procs_running) from /proc/stat, or None."""
-    data = _read("/proc/stat")
+    data = read_proc("/proc/stat")
     if data is None:
         return None
     busy = total = steal = _NAN
@@ -159,13 +162,17 @@ def _host_stat():
 
 def _pressure() -> float:
     """/proc/pressure/cpu "some total" in seconds, NaN where missing."""
-    data = _read("/proc/pressure/cpu")
+    data = read_proc("/proc/pressure/cpu")
     if not data:
         return _NAN
     for part in data.split(b"\n", 1)[0].split():
         if part.startswith(b"total="):
             return int(part[6:]) / 1e6
     return _NAN
+
+
+def _schedstat(tid: str) -> str:
+    return f"/proc/self/task/{tid}/schedstat"
 
 
 def _threads(tids=None):
@@ -179,7 +186,7 @@ def _threads(tids=None):
         except OSError:
             return _NAN
     for tid in tids:
-        data = _read(f"/proc/self/task/{tid}/schedstat")
+        data = read_proc(_schedstat(tid))
         if data is None:        # the thread ended meanwhile, or no schedstat here
             continue
         try:
@@ -264,7 +271,7 @@ class Signals:
     def _ctx(self) -> float:
         """This process's involuntary context switches: the line psutil's
         ``num_ctx_switches`` reads from /proc/self/status, read here without opening it."""
-        data = _read("/proc/self/status")
+        data = read_proc("/proc/self/status")
         if data is not None:
             at = data.find(b"nonvoluntary_ctxt_switches:")
             if at >= 0:
@@ -287,6 +294,7 @@ class Signals:
                 self._tids = os.listdir("/proc/self/task")
             except OSError:
                 self._tids = None
+            _proc_files.forget("/proc/self/task/", {_schedstat(t) for t in self._tids or ()})
         host = _host_stat() if "host" in needs else None
         snap = {"wall": time.monotonic(),
                 "own": self._own_cpu() if "own" in needs else _NAN,
