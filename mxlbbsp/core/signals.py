@@ -93,11 +93,14 @@ class _ProcFiles:
 
     def __init__(self):
         self._fds: Dict[str, int] = {}
-        self._pid = os.getpid()
+
+    def forked(self) -> None:
+        """In a child just forked: the inherited descriptors are the parent's files (its
+        /proc/self), closed here so that this process opens its own."""
+        for path in list(self._fds):
+            self._drop(path)
 
     def read(self, path: str) -> Optional[bytes]:
-        if self._pid != os.getpid():
-            self._fds, self._pid = {}, os.getpid()
         fd = self._fds.get(path)
         try:
             if fd is None:
@@ -131,6 +134,8 @@ class _ProcFiles:
 
 
 _proc_files = _ProcFiles()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_proc_files.forked)
 
 
 def read_proc(path: str) -> Optional[bytes]:
