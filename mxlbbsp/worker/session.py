@@ -525,7 +525,7 @@ class _HostLoad:
                 raise OSError("/proc/stat or /proc/meminfo cannot be read")
             now = [int(x) for x in stat.split(b"\n", 1)[0].split()[1:11]]
             mem = {}
-            for line in meminfo.split(b"\n"):
+            for line in meminfo.splitlines():
                 key, value = line.split(b":", 1)
                 mem[key] = int(value.split()[0])
                 if b"MemAvailable" in mem:
