@@ -7,7 +7,9 @@
 * ``pause``: how long a resize stops training, at n workers on loopback (n hosts
   127.0.0.1..n of a private sshd, one slot each, and one more that joins and leaves through
   the discovery script): from the old job's state saved to the new job's first iteration,
-  for a grow n -> n+1 and a shrink back, as the launcher's ``resized`` lines say.
+  for a grow n -> n+1 and a shrink back, as the launcher's ``resized`` lines say; with the
+  next workers started ahead (while the job trains on) and after the boundary, one job
+  each.
 
     python benchmarks/elastic.py                  # cost 3 rounds x 60 iterations, pause at 2, 4, 8
     python benchmarks/elastic.py --quick          # cost 1 round x 30, pause at 2
@@ -58,8 +60,11 @@ def _discovery(folder: Path) -> tuple:
     return listing, script
 
 
-def pause(n: int, folder: Path, sshd_options) -> dict:
-    """One job on n hosts; host n+1 joins at iteration 20 and leaves 20 iterations after."""
+def pause(n: int, folder: Path, sshd_options, ahead: bool) -> dict:
+    """One job on n hosts; host n+1 joins at iteration 20 and leaves 20 iterations after.
+    ``ahead``: --start-ahead (the next workers start while the job trains) or not. Each
+    resize's pause (the launcher's ``resized`` line) and its lead: from the discovery
+    script's change to the resize (the time the job trained on the old hosts meanwhile)."""
     hosts = [f"127.0.0.{i}" for i in range(1, n + 2)]
     listing, script = _discovery(folder)
     listing.write_text("".join(f"{h}:1\n" for h in hosts[:n]))
@@ -67,24 +72,27 @@ def pause(n: int, folder: Path, sshd_options) -> dict:
     job.mkdir()
     argv = [C.PY, "-m", "mxlbbsp.launcher", "launch", "--host-discovery-script", str(script),
             "--discovery-interval", "0.5", *map(str, sshd_options), "--checkpoint-dir",
-            str(folder / "ck"), "--progress", "1", "--emulate-compute", "0.5", "--",
-            C.PY, str(LEDGER), str(job), "--samples", "100000", "--epochs", "1",
+            str(folder / "ck"), "--progress", "1", "--emulate-compute", "0.5",
+            "--start-ahead" if ahead else "--no-start-ahead", "--",
+            C.PY, str(LEDGER), str(job), "--samples", "300000", "--epochs", "1",
             "--batch-size", str(16 * (n + 1))]
     proc = subprocess.Popen(argv, cwd=C.ROOT, env=C.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines, found = [], []
-    stage, target = 0, 20
+    stage, target, changed = 0, 20, 0.0
     try:
         for line in proc.stdout:
             lines.append(line)
             m = PROGRESS.search(line)
             if m and int(m.group(1)) >= target and stage in (0, 2):
                 listing.write_text("".join(f"{h}:1\n" for h in hosts[:n + (stage == 0)]))
+                changed = time.monotonic()
                 stage += 1
             m = RESIZED.search(line)
             if m:
                 found.append({"from": int(m.group(1)), "to": int(m.group(2)),
-                              "pause_s": float(m.group(4))})
+                              "pause_s": float(m.group(4)),
+                              "lead_s": time.monotonic() - changed - float(m.group(4))})
                 stage, target = stage + 1, int(m.group(3)) + 20
                 if len(found) == 2:
                     break
@@ -94,7 +102,9 @@ def pause(n: int, folder: Path, sshd_options) -> dict:
     if len(found) < 2:
         sys.stderr.write("".join(lines[-40:]))
         raise SystemExit(f"pause at {n} workers: {len(found)} resize(s) seen, not 2")
-    return {"workers": n, "grow_s": found[0]["pause_s"], "shrink_s": found[1]["pause_s"]}
+    return {"workers": n, "ahead": ahead, "grow_s": found[0]["pause_s"],
+            "shrink_s": found[1]["pause_s"], "grow_lead_s": found[0]["lead_s"],
+            "shrink_lead_s": found[1]["lead_s"]}
 
 
 def main():
@@ -127,13 +137,17 @@ def main():
             server.start()
             try:
                 for n in sizes:
-                    C.progress(f"pause: {n} -> {n + 1} -> {n} workers")
-                    folder = Path(tmp) / f"pause-{n}"
-                    folder.mkdir()
-                    pauses.append(pause(n, folder, server.launch_options()))
-                    C.progress(f"  grow {pauses[-1]['grow_s']:.1f} s, shrink "
-                               f"{pauses[-1]['shrink_s']:.1f} s")
-                    time.sleep(1)
+                    for ahead in (True, False) if n % 2 else (False, True):
+                        arm = "start ahead" if ahead else "after the boundary"
+                        C.progress(f"pause: {n} -> {n + 1} -> {n} workers, {arm}")
+                        folder = Path(tmp) / f"pause-{n}-{int(ahead)}"
+                        folder.mkdir()
+                        pauses.append(pause(n, folder, server.launch_options(), ahead))
+                        r = pauses[-1]
+                        C.progress(f"  grow {r['grow_s']:.1f} s (after {r['grow_lead_s']:.1f} "
+                                   f"s), shrink {r['shrink_s']:.1f} s (after "
+                                   f"{r['shrink_lead_s']:.1f} s)")
+                        time.sleep(1)
             finally:
                 server.stop()
     rows = ["| per iteration: snapshots off | on | on / off | per round |", "|---|---|---|---|",
@@ -144,13 +158,23 @@ def main():
              "round(s) interleaved; snapshots on: every worker copies its state at the end of "
              "each step (what an elastic job does).\n\n" + "\n".join(rows))
     if pauses:
-        table += ("\n\n| workers | pause of a grow n -> n+1 | of a shrink n+1 -> n |\n"
-                  "|---|---|---|\n" + "\n".join(
-                      f"| {r['workers']} | {r['grow_s']:.1f} s | {r['shrink_s']:.1f} s |"
-                      for r in pauses)
+        rows = []
+        for n in sizes:
+            on, off = (next(r for r in pauses if r["workers"] == n and r["ahead"] is a)
+                       for a in (True, False))
+            rows.append(f"| {n} | **{on['grow_s']:.1f} s** (after {on['grow_lead_s']:.1f} s) | "
+                        f"**{on['shrink_s']:.1f} s** (after {on['shrink_lead_s']:.1f} s) | "
+                        f"{off['grow_s']:.1f} s | {off['shrink_s']:.1f} s |")
+        table += ("\n\n| workers n | grow n -> n+1, started ahead | shrink n+1 -> n, started "
+                  "ahead | grow, started after the boundary | shrink, after the boundary |\n"
+                  "|---|---|---|---|---|\n" + "\n".join(rows)
                   + "\n\nPause: from the old job's state saved at the boundary to the new "
-                  "job's first iteration (the launcher's `resized` line), over a private sshd "
-                  f"on 127.0.0.1-k, the tiny ledger MLP; load average {load:.1f} at the start.")
+                  "job's first iteration (the launcher's `resized` line); (after X s): from the "
+                  "discovery script's change to that boundary, while the job trained on its old "
+                  "hosts and the next workers started (`--start-ahead`, the default); "
+                  "`--no-start-ahead` starts them after the boundary. Over a private sshd on "
+                  "127.0.0.1-k, the tiny ledger MLP, the two arms one after the other at each "
+                  f"size; load average {load:.1f} at the start.")
     C.write("elastic" + ("_quick" if args.quick and not C.SMOKE else ""),
             {"cost": c, "pauses": pauses, "load_at_start": load}, table)
 

@@ -287,6 +287,11 @@ def cli(verbose):
 @click.option("--discovery-interval", type=float, default=_default("discovery_interval"),
               show_default=True, metavar="S",
               help="Elastic job: seconds between two runs of the discovery script.")
+@click.option("--start-ahead/--no-start-ahead", default=_default("start_ahead"),
+              show_default=True,
+              help="Elastic job: on a change of hosts, start the next workers while the job "
+                   "trains on, and move to them at an iteration boundary once they are "
+                   "ready (the pause is then the hand-over only, not their start-up).")
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.option("-v", "--verbose", is_flag=True,
@@ -299,8 +304,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            relay, hubs, remote_python, checkpoint_dir, checkpoint_every, resume, restarts,
-           host_discovery_script, min_workers, max_workers, discovery_interval, dry_run,
-           verbose, command, **mode_values):
+           host_discovery_script, min_workers, max_workers, discovery_interval, start_ahead,
+           dry_run, verbose, command, **mode_values):
 
     configure_logging(verbose)
 
@@ -320,7 +325,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts, host_discovery_script=host_discovery_script,
         min_workers=min_workers, max_workers=max_workers,
-        discovery_interval=discovery_interval)
+        discovery_interval=discovery_interval, start_ahead=start_ahead)
     if config.elastic:
         return run_elastic(config)
     return run_job(config)

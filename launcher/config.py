@@ -239,6 +239,9 @@ class LaunchConfig:
     min_workers: Optional[int] = None
     max_workers: Optional[int] = None
     discovery_interval: float = 3.0
+    #: a resize starts the next generation while the current one trains, and moves to it
+    #: at a boundary once it is ready (launcher/elastic.py); off: after the boundary
+    start_ahead: bool = True
     #: on: a relay (mxlbbsp.relay) on every host with two or more workers; off: none; auto:
     #: on from RELAY_FROM workers
     relay: str = "auto"

@@ -24,11 +24,15 @@ the pre-flight, less the hosts given notice.
 """
 from __future__ import annotations
 
+import copy
+import logging
 import threading
 from typing import Callable, List, NamedTuple, Optional
 
 from .discovery import Discovery, DiscoveryFailed, cap, describe_change
 from .hostfile import Host
+
+log = logging.getLogger(__name__)
 
 
 def slots(hosts) -> int:
@@ -110,8 +114,8 @@ class Membership:
             self._notice &= names            # a host gone and back is welcome again
 
     def preempted(self, name: str) -> None:
-        """Host ``name`` was given notice: the job leaves it, until it drops out of the
-        list and comes back."""
+        """Host ``name`` was given notice (or failed the pre-flight when it joined): the job
+        leaves it, until it drops out of the list and comes back."""
         with self._lock:
             self._notice.add(name)
 
@@ -153,6 +157,9 @@ SNAPSHOT_WAIT_S = 60.0
 STATE_WAIT_S = 5.0
 #: failures an elastic job recovers from when --restarts does not say
 FAILURES = 5
+#: how long the next generation may take to start ahead (its workers all at the hold)
+#: before it is given up and the resize starts it after the boundary instead
+PRESTART_WAIT_S = 60.0
 
 
 class Note(NamedTuple):
@@ -178,7 +185,16 @@ class Watcher:
         self.min_workers = min_workers
         self.resize: Optional[Change] = None
         self.below: Optional[str] = None       # the line that ends the job after saving
-        self._asked_at = 0.0
+        self._asked_at: Optional[float] = None
+        #: builds the next generation's job for a change of hosts (None: no start ahead);
+        #: the job started ahead, the thread starting it, and its failure
+        self.prepare: Optional[Callable[[List[Host]], object]] = None
+        self.next = None
+        self._starting: Optional[threading.Thread] = None
+        self._start_error: Optional[str] = None
+        self._prepared_at = 0.0
+        self._held = 0
+        self._failed_hosts: List[str] = []
         self._saved_at: Optional[float] = None
         self._noticed: set = set()
         self.saved_iteration: Optional[int] = None
@@ -213,8 +229,14 @@ class Watcher:
             if left < self.min_workers:
                 self.below = (f"{left} worker slot(s) left ({change.why}), fewer than "
                               f"--min-workers {self.min_workers}")
-            coord.request_state(boundary=True)
-            self._asked_at = now
+            elif self.prepare is not None:
+                self._prepare(change, now)
+                return None
+            self._ask(now)
+            return None
+        if self._asked_at is None:
+            if self._ready(now):
+                self._ask(now)
             return None
         saved = coord.saved
         if saved is not None and self._saved_at is None:
@@ -231,6 +253,83 @@ class Watcher:
                                 "resizing from the newest checkpoint")
             return self._done(now)
         return None
+
+    def _ask(self, now: float) -> None:
+        self.job.coordinator.request_state(boundary=True)
+        self._asked_at = now
+
+    def _prepare(self, change: Change, now: float) -> None:
+        """Start the next generation on ``change.hosts`` while this one trains on: its
+        processes import MXNet and run the script's set-up, then wait at its hold; the
+        boundary is asked for once they all do (:meth:`_ready`)."""
+        self._prepared_at = now
+        n = slots(change.hosts)
+        self.job.output.say(f"{change.why}: starting the next {n} worker(s) while training "
+                            "goes on; the job moves to them at an iteration boundary")
+
+        def start():
+            try:
+                self.next = self.prepare(change.hosts)
+                self.next.prestart()
+            except Exception as exc:  # noqa: BLE001 - said, and the resize starts cold
+                self._start_error = str(exc) or type(exc).__name__
+                self._failed_hosts = list(getattr(exc, "names", None) or [])
+        self._starting = threading.Thread(target=start, name="mxlbbsp-next-generation",
+                                          daemon=True)
+        self._starting.start()
+
+    def _ready(self, now: float) -> bool:
+        """Whether the boundary may be asked for: the next generation waits at its hold
+        with every worker, or it failed, or it took longer than PRESTART_WAIT_S (then it is
+        given up, said, and the next generation starts after the boundary as usual)."""
+        nxt = self.next
+        held = nxt.held if nxt is not None else 0
+        if held != self._held:
+            self._held = held
+            log.debug("next generation: %d worker(s) at the hold %.2f s after the change",
+                      held, now - self._prepared_at)
+        if (not self._starting.is_alive() and self._start_error is None and nxt is not None
+                and nxt.held == nxt.config.num_workers):
+            return True
+        problem = self._start_error
+        if problem is None and nxt is not None and not self._starting.is_alive():
+            ended = [p for p in nxt.procs if p.poll() is not None]
+            if ended:
+                problem = f"{ended[0].name} ended (exit code {ended[0].poll()})"
+        if problem is None and now > self._prepared_at + PRESTART_WAIT_S:
+            problem = f"its workers did not all get ready within {PRESTART_WAIT_S:.0f} s"
+        if problem is None:
+            return False
+        self.discard_next()
+        if self._failed_hosts:
+            # a host that joined and cannot run the job: left out, the job trains on as it is
+            for name in self._failed_hosts:
+                self.membership.preempted(name)
+            self.job.output.say(f"warning: {', '.join(self._failed_hosts)} cannot join the job "
+                                f"({problem}): left out until the discovery script drops it "
+                                "and lists it again; the job trains on")
+            self.resize, self._failed_hosts, self._start_error = None, [], None
+            return False
+        self.job.output.say(f"warning: the next generation could not start ahead ({problem}); "
+                            "it starts after the boundary")
+        return True
+
+    def take_next(self):
+        """The next generation's job, started ahead and ready, or None."""
+        nxt, self.next = self.next, None
+        if nxt is not None and (self._start_error is not None or self._starting.is_alive()):
+            self.next = nxt
+            self.discard_next()
+            return None
+        return nxt
+
+    def discard_next(self) -> None:
+        """Stop the next generation started ahead, if any (the job did not resize)."""
+        if self._starting is not None:
+            self._starting.join()
+        nxt, self.next = self.next, None
+        if nxt is not None:
+            nxt.discard()
 
     def _done(self, now: float) -> int:
         self.saved_since = now
@@ -325,26 +424,49 @@ def run_elastic(config) -> int:
     launch_start: Optional[int] = None
     note: Optional[Note] = None
     totals = {"resizes": 0, "restarts": 0, "paused_s": 0.0, "lost": 0}
+    def generation(hosts, checked) -> Job:
+        """The job of one generation on ``hosts`` (its own copy of the configuration: the
+        next one may be built while this one runs)."""
+        cfg = copy.copy(config)
+        cfg.num_workers = None
+        job = Job(cfg, output=output, hosts=hosts)
+        job.since = started
+        job.checked_hosts = checked
+        return job
+
+    def prepare(current: Job):
+        if not config.start_ahead or config.dry_run:
+            return None
+        return lambda after: generation(after, {h.name for h in current.hosts})
+
+    prepared = None
     try:
         while True:
-            config.num_workers = None
-            job = Job(config, output=output, hosts=hosts)
+            job = prepared or generation(hosts, checked)
+            prepared = None
             if launch_start is None:
                 launch_start = job.launch_start      # the summary counts the launch's
-            job.since, job.launch_start = started, launch_start
-            job.checked_hosts = checked
+            job.launch_start = launch_start
             job.elastic = Watcher(job, membership, low)
+            job.elastic.prepare = prepare(job)
             job.note, job.elastic_totals = note, totals
             if note is None:
                 done = _finished(job)
                 if done is not None:
                     return done
-            rc = job.run()
+            rc = None
             watcher = job.elastic
+            try:
+                rc = job.run()
+            finally:
+                if rc == EXIT_RESIZE:
+                    prepared = watcher.take_next()
+                else:
+                    watcher.discard_next()
             checked = {h.name for h in hosts}
             if rc == EXIT_RESIZE:
                 after = watcher.resize.hosts
-                note = Note("resized", config.num_workers, slots(after),
+                note = Note("resized", job.config.num_workers, slots(after),
                             (watcher.saved_iteration or 0) + 1, watcher.resize.why,
                             watcher.saved_since or time.monotonic(), 0)
                 hosts = after
@@ -367,13 +489,15 @@ def run_elastic(config) -> int:
             latest = _latest(config.checkpoint_dir)
             resumed = latest + 1 if latest is not None else 0
             reached = job.coordinator.progress().iteration if job.coordinator else -1
-            note = Note("restarted", config.num_workers, slots(usable), resumed,
+            note = Note("restarted", job.config.num_workers, slots(usable), resumed,
                         job.reason or f"exit code {rc}",
                         watcher.saved_since or time.monotonic(),
                         max(0, reached + 1 - resumed))
             hosts = usable
     finally:
         membership.stop()
+        if prepared is not None:
+            prepared.discard()
 
 
 def _latest(directory) -> Optional[int]:

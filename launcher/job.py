@@ -20,6 +20,7 @@ modules.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import secrets
 import signal
 import socket
@@ -37,15 +38,27 @@ from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
 from .dryrun import describe
 from .guard import remove_sockets
+from .hold import Hold
 from .hostfile import Host, Placement, place
 from .procs import Output, RoleProcess, stop_all
 from .roles import RoleBuilder, Roles, free_port
 from .slurm import SlurmTransport
 from .supervise import EXIT_CONFIG, Supervisor
 
+log = logging.getLogger(__name__)
+
 
 class JobFailed(RuntimeError):
     """The job could not start (not bad input): exit code 1, one line."""
+
+
+class HostsFailed(JobFailed):
+    """Hosts new to the job failed the pre-flight (``names``): a job started ahead leaves
+    them out instead (launcher/elastic.py)."""
+
+    def __init__(self, message: str, names: List[str]):
+        super().__init__(message)
+        self.names = names
 
 
 def _listening(host: str, port: int) -> bool:
@@ -124,6 +137,11 @@ class Job:
                                    self.resume_from, self.output)
         self.roles: Optional[Roles] = None
         self.coordinator: Optional[Coordinator] = None
+        #: started ahead (:meth:`prestart`): the workers' hold, the coordinator's socket
+        #: (listening before the coordinator exists) and the scheduler's port
+        self.hold: Optional[Hold] = None
+        self._coordinator_sock: Optional[socket.socket] = None
+        self._port: Optional[int] = None
         #: the signal (SIGINT, SIGTERM) that asks the job to stop, once one came
         self.signal: Optional[int] = None
         self._keepalive = self.transport.keepalive
@@ -167,10 +185,8 @@ class Job:
             raise ConfigError(NO_MXNET)      # the scheduler and the servers need it here
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
-            failed = self.transport.preflight(fresh) if fresh else None
-            if failed:
-                raise JobFailed(self.transport.preflight_failed(failed, self.hosts))
+            if self.hold is None:
+                self._preflight()
             if self.signal is not None:
                 return self.interrupted()
             self._resolve_bind()
@@ -180,8 +196,71 @@ class Job:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def _preflight(self) -> None:
+        fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
+        failed = self.transport.preflight(fresh) if fresh else None
+        if failed:
+            raise JobFailed(self.transport.preflight_failed(failed, self.hosts))
+
+    def prestart(self) -> None:
+        """Start this job ahead of its turn (an elastic job's next generation, while the
+        current one trains; from a thread of its own): the pre-flight of the hosts not
+        checked, then the scheduler, the servers and the workers, which wait at the hold
+        (:mod:`.hold`) to be told the checkpoint they resume from; the coordinator's port
+        listens already, the coordinator comes in :meth:`run`, which starts nothing more.
+        JobFailed, ConfigError or OSError when it cannot start; :meth:`discard` then stops
+        what did."""
+        self.transport.check_command()
+        if not self.transport.remote and importlib.util.find_spec("mxnet") is None:
+            raise ConfigError(NO_MXNET)
+        began = time.monotonic()
+        try:
+            self._preflight()
+        except JobFailed as exc:
+            fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
+            said = {h.name: self.transport.check_host(h) for h in self.transport.distinct(fresh)}
+            failed = {name: why for name, why in said.items() if why}
+            if not failed:
+                raise
+            raise HostsFailed("; ".join(failed.values()), list(failed)) from exc
+        log.debug("next generation: pre-flight in %.2f s", time.monotonic() - began)
+        self._resolve_bind()
+        self.hold = Hold(self.bind, self.token, self.config.num_workers)
+        family = socket.AF_INET6 if ":" in self.bind else socket.AF_INET
+        sock = self._coordinator_sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((self.bind, 0))
+        sock.listen(4096)
+        self.builder.hold = self.hold.address
+        self._port = self._start_roles(sock.getsockname()[:2])
+        log.debug("next generation: scheduler listening %.2f s after the start",
+                  time.monotonic() - began)
+        if self._port is None:
+            raise JobFailed("the ps-lite scheduler of the next generation did not start")
+        if self._keepalive:
+            threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
+                             name="heartbeat", daemon=True).start()
+
+    @property
+    def held(self) -> int:
+        """Workers of a job started ahead that wait at its hold now."""
+        return self.hold.held if self.hold is not None else 0
+
+    def discard(self) -> None:
+        """Give up a job started ahead: its workers end, every process of it is stopped."""
+        if self.hold is not None:
+            self.hold.close()
+        if self._coordinator_sock is not None:
+            self._coordinator_sock.close()
+        self._teardown()
+
     def _run(self) -> int:
         cfg = self.config
+        if self.hold is not None:
+            # started ahead: the checkpoint is the newest now (saved at the boundary)
+            self.resume_from = cfg.resume_from()
+            if self.resume_from:
+                start = int(_store.read_manifest(self.resume_from)["iteration"]) + 1
+                self.first_iteration = start
         manifest = state = None
         if self.resume_from:
             manifest = _store.read_manifest(self.resume_from)
@@ -201,15 +280,19 @@ class Job:
             started=launch_clock(),      # the deadline counts from the launch
             checkpoint_dir=cfg.checkpoint_dir,
             checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
-            resume_state=state))
+            resume_state=state, sock=self._coordinator_sock))
         try:
             coord_addr = self.coordinator.start()
         except OSError as exc:
             raise ConfigError(f"--bind {self.bind}: cannot listen there ({exc.strerror})") from None
-        port = self._start_roles(coord_addr)
+        if self.hold is not None:
+            port = self._port
+            self.hold.release(self.resume_from)
+        else:
+            port = self._start_roles(coord_addr)
         if port is None:
             return self.interrupted() if self.signal else 1
-        if self._keepalive:
+        if self._keepalive and self.hold is None:
             threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
                              name="heartbeat", daemon=True).start()
         hubs, relays = len(self.roles.hubs), len(self.roles.relays)

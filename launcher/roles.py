@@ -28,6 +28,7 @@ from typing import Dict, List, Optional
 
 from mxlbbsp import modes
 from mxlbbsp.core import env as _env
+from mxlbbsp.core import protocol as P
 
 from . import transport as _transport
 from .config import HUB_FROM, RELAY_FROM, RELAYS_PER_HUB, LaunchConfig
@@ -82,6 +83,9 @@ class RoleBuilder:
         self.placement = placement
         self.token = token
         self.resume_from = resume_from
+        #: the hold's address, for workers started ahead of their job (launcher/hold.py):
+        #: they wait there to be told the checkpoint instead of reading MXLBBSP_RESUME
+        self.hold = None
         self.output = output
         self._local = _transport.Transport(config)     # the scheduler's: this machine
         #: the relays' Unix sockets are named after this (unique on every host)
@@ -131,7 +135,10 @@ class RoleBuilder:
                                        len(self.placement.workers)))
             env.update(modes.get(cfg.sync).worker_env(cfg.sync_options))
             env.update(_env.checkpoint_env(cfg.checkpoint_dir, cfg.checkpoint_every or 0,
-                                           self.resume_from, cfg.recovers))
+                                           None if self.hold else self.resume_from,
+                                           cfg.recovers))
+            if self.hold is not None:
+                env[_env.HOLD] = P.format_address(self.hold)
             workers.append(self._role("worker", r, host, list(cfg.command), env,
                                       boot=True, watched=True))
         return Roles(scheduler, servers, workers, relays, hubs)

@@ -5,13 +5,15 @@ recorded, every sample once per epoch), BatchNorm's running statistics included.
 
 Two jobs carry the scenarios (each real job costs a start-up per resize):
 
-* grow 2 -> 3 when the script lists a third host, shrink 3 -> 2 when it drops it, then
-  kill -9 of a worker with --checkpoint-every 50: each resize loses no finished iteration,
-  the failure none either (the iteration in flight is trained again), where restarting from
-  the periodic checkpoint would have redone up to 49;
+* grow 2 -> 3 when the script lists a third host, shrink 3 -> 2 when it drops it (each
+  time the next workers start while the job trains, --start-ahead), a listed host that
+  cannot run the job left out, then kill -9 of a worker with --checkpoint-every 50: each
+  resize loses no finished iteration, the failure none either (the iteration in flight is
+  trained again), where restarting from the periodic checkpoint would have redone up to 49;
 * SIGTERM to one host's processes (its guard and its worker: a preemption notice) shrinks
-  the job 3 -> 2 gracefully; then the script drops a host below --min-workers: one line
-  naming it, exit 1, nothing left running.
+  the job 3 -> 2 gracefully, the next workers started after the boundary
+  (--no-start-ahead); then the script drops a host below --min-workers: one line naming
+  it, exit 1, nothing left running.
 """
 import re
 import signal
@@ -63,12 +65,12 @@ class Hosts:
         tmp.replace(self.listing)
 
 
-def start(sshd, tmp, hosts, *options, samples=6000, epochs=2):
+def start(sshd, tmp, hosts, *options, samples=6000, epochs=2, compute=0.5):
     job = tmp / "job"
     job.mkdir()
     run = Running(["launch", "--host-discovery-script", hosts.script, "--discovery-interval",
                    1, *sshd.launch_options(), "--checkpoint-dir", tmp / "ck", "--metrics",
-                   job / "m.jsonl", "--progress", 1, "--emulate-compute", 0.5, *options,
+                   job / "m.jsonl", "--progress", 1, "--emulate-compute", compute, *options,
                    "--", PY, SCRIPT, job, "--model", "bn", "--samples", samples, "--epochs",
                    epochs], uuid.uuid4().hex)
     return run, job
@@ -116,10 +118,15 @@ def worker_of(marker, rank):
 def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_path):
     hosts = Hosts(tmp_path)
     hosts.set(*HOSTS[:2])
-    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50, "--max-workers", 3)
+    # the next workers start while the job trains (--start-ahead): slow iterations, so
+    # that the job is still running when they are ready, on a loaded machine too
+    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50, "--max-workers", 3,
+                     epochs=4, compute=3)
     try:
         reached(run, 10)
         hosts.set(*HOSTS)
+        run.wait_for(r"host 127.0.0.3 joined: starting the next 3 worker\(s\) while "
+                     "training goes on")
         grew = run.wait_for(r"resized 2 -> 3 workers at iteration \d+ in [\d.]+ s "
                             r"\(host 127.0.0.3 joined\), 0 iteration\(s\) lost")
         at = int(re.search(r"iteration (\d+)", grew).group(1))
@@ -128,6 +135,10 @@ def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_p
         shrank = run.wait_for(r"resized 3 -> 2 workers at iteration \d+ in [\d.]+ s "
                               r"\(host 127.0.0.3 left\), 0 iteration\(s\) lost")
         at = int(re.search(r"iteration (\d+)", shrank).group(1))
+        # a host that cannot run the job (no sshd there) is left out; the job trains on
+        hosts.set(*HOSTS[:2], "127.0.0.4")
+        run.wait_for(r"warning: 127.0.0.4 cannot join the job \(.*\): left out until the "
+                     "discovery script drops it and lists it again; the job trains on")
         # past a periodic checkpoint, and far enough from the next one that restarting from
         # it would redo many iterations
         now = reached(run, max(at + 10, (at // 50 + 1) * 50 + 5))
@@ -145,6 +156,7 @@ def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_p
     assert rc == 0, run.output
     assert "2 resize(s), 1 restart(s)" in run.output and "0 iteration(s) lost; metrics" \
         in run.output, run.output
+    assert "could not start ahead" not in run.output, run.output
     assert wait_no_leftovers(run.marker) == []
     assert exact(job, 6000) <= 1e-4, run.output
 
@@ -152,7 +164,9 @@ def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_p
 def test_sigterm_is_a_graceful_shrink_and_below_min_workers_ends_the_job(sshd3, tmp_path):
     hosts = Hosts(tmp_path)
     hosts.set(*HOSTS)
-    run, job = start(sshd3, tmp_path, hosts, "--min-workers", 2)
+    # the next generation started after the boundary (what a failed start ahead falls
+    # back to)
+    run, job = start(sshd3, tmp_path, hosts, "--min-workers", 2, "--no-start-ahead")
     try:
         reached(run, 10)
         victim = worker_of(run.marker, 2)

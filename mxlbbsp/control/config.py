@@ -34,6 +34,9 @@ class CoordinatorConfig:
     slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
+    #: a socket already listening, to serve instead of (host, port): an elastic job's next
+    #: generation hands its address to the workers before the coordinator exists
+    sock: object = None
     sync_options: dict = dataclasses.field(default_factory=dict)   # the mode's own options
     #: time.monotonic() of the job's launch (courier's deadline counts from it); None: when
     #: the coordinator is built

@@ -22,8 +22,12 @@ def hello_gate(token: str) -> Gate:
     return Gate(token, (P.HELLO, P.RELAY), Refusals("", REFUSALS_SHOWN, REFUSAL_SUMMARY_S))
 
 
-async def listen(inbox: PeerHandler, gate: Gate, host: str, port: int) -> asyncio.AbstractServer:
-    """The coordinator's server on (host, port): every connection a Peer behind ``gate``,
-    handed to ``inbox``."""
-    return await asyncio.get_running_loop().create_server(lambda: Peer(inbox, gate), host, port,
-                                                          backlog=4096)
+async def listen(inbox: PeerHandler, gate: Gate, host: str, port: int,
+                 sock=None) -> asyncio.AbstractServer:
+    """The coordinator's server on (host, port), or on ``sock`` (a socket already listening,
+    whose connections may have waited in its backlog): every connection a Peer behind
+    ``gate``, handed to ``inbox``."""
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        return await loop.create_server(lambda: Peer(inbox, gate), sock=sock, backlog=4096)
+    return await loop.create_server(lambda: Peer(inbox, gate), host, port, backlog=4096)

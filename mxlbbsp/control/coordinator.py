@@ -123,6 +123,8 @@ class Coordinator:
         #: (iteration, checkpoint folder, error), and the iteration whose coordinator state
         #: is still to be saved beside it
         self.saved: Optional[tuple] = None
+        self._boundary = False           # the request was for a boundary (a graceful resize)
+        self._halted = False             # ... and was answered: the job ends here, by design
         self._state_due: Optional[int] = None
         self.state_saved: Optional[int] = None
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
@@ -204,6 +206,7 @@ class Coordinator:
             return None
         rank = left[0]
         self.saved = self.state_saved = self._state_due = None
+        self._boundary = boundary
         msg = {"type": P.CHECKPOINT, "mode": "boundary" if boundary else "snapshot"}
         self._loop.call_soon_threadsafe(self.send, rank, msg)
         return rank
@@ -214,6 +217,7 @@ class Coordinator:
             self.saved = (None, None, str(msg.get("error") or "no iteration saved"))
             return
         self.saved = (t, msg.get("path"), None)
+        self._halted = self._boundary
         if self._iteration >= t:
             self._save_state(t)
         else:
@@ -252,7 +256,8 @@ class Coordinator:
             self.recorder.call_soon = loop.call_soon_threadsafe
             try:
                 self._server = loop.run_until_complete(listen(
-                    self.inbox, self._gate, self.config.host, self.config.port))
+                    self.inbox, self._gate, self.config.host, self.config.port,
+                    self.config.sock))
                 self.address = self._server.sockets[0].getsockname()[:2]
             except OSError as exc:
                 errors.append(exc)
@@ -361,12 +366,13 @@ class Coordinator:
 
     def on_lost(self, rank: int) -> None:
         self._lost.add(rank)
-        if not self._byes[rank] and self.failure is None:
+        if not self._byes[rank] and self.failure is None and not self._halted:
             self._fail(f"worker {rank} lost its connection to the coordinator before it "
                        "finished", fatal_for_workers=False)
 
     def on_relay_lost(self, relay) -> None:
-        if self.failure is None and not self._byes[relay.ranks_array].all():
+        if (self.failure is None and not self._halted
+                and not self._byes[relay.ranks_array].all()):
             self._fail(f"{relay.describe()} lost its connection to the coordinator before its "
                        "workers finished", fatal_for_workers=False)
 

@@ -45,6 +45,10 @@ MXLBBSP_EXIT_HOOK      0 turns off the workers' exit hook (launcher/_boot/sitecu
                        which reads it itself: it imports nothing of mxlbbsp)
 MXLBBSP_EXIT_HOOK_PID  written by the exit hook itself (not the launcher): the pid of the
                        worker's own process, so that only it announces a normal end
+MXLBBSP_HOLD           host:port of the launcher's hold, for a worker started ahead of its
+                       job (an elastic job's next generation, launched while the current one
+                       trains): at its first need of the checkpoint it resumes from it waits
+                       there, and is told the checkpoint (mxlbbsp.worker.hold); absent: none
 MXLBBSP_STALL_FLOORS   read by the launcher, for tests: "STARTUP,RUNNING" seconds, the floors
                        of the automatic stall limit (default 300,120)
 MXLBBSP_LR_SCALING     how the learning rate follows a changing global batch (courier,
@@ -115,6 +119,7 @@ DEFAULT_STALL_FLOORS = (300.0, 120.0)
 CHECKPOINT_DIR = "MXLBBSP_CHECKPOINT_DIR"
 CHECKPOINT_EVERY = "MXLBBSP_CHECKPOINT_EVERY"
 RESUME = "MXLBBSP_RESUME"
+HOLD = "MXLBBSP_HOLD"
 #: "1": every worker keeps a copy of its last finished iteration's state, so that a
 #: survivor can save it when another worker fails (an elastic job, or --restarts)
 SNAPSHOTS = "MXLBBSP_SNAPSHOTS"
@@ -306,6 +311,11 @@ def checkpoint_every(env: Optional[Mapping[str, str]] = None) -> int:
 def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MXLBBSP_RESUME: the checkpoint folder this job continues from, or None."""
     return get(env, RESUME)
+
+
+def hold(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]:
+    """MXLBBSP_HOLD: where a worker started ahead of its job waits (None: it does not)."""
+    return _address(env, HOLD)
 
 
 def snapshots(env: Optional[Mapping[str, str]] = None) -> bool:

@@ -29,6 +29,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import split as _split
 from mxlbbsp.core.planner import replay_from_metrics
 from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import hold as _hold
 from mxlbbsp.worker import session as _session
 
 LAST_BATCH = _epochs.LAST_BATCH
@@ -121,7 +122,7 @@ class DataLoader:
         self._expect = None         # (iteration, indices-getter) of the next batch to prefetch
         self._listening = False
         self._start = 0             # the first iteration this job runs (> 0 when resumed)
-        resume = _env.resume()
+        resume = _hold.resume()
         if resume is not None:
             self._start = _ckpt.loader_start(resume, self.global_batch_size, self._size,
                                              len(self))

@@ -61,6 +61,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import store as _store
 from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import hold as _hold
 from mxlbbsp.worker import loss_head as _loss
 from mxlbbsp.worker import session as _session
 from mxlbbsp.worker import snapshot as _snapshot
@@ -116,7 +117,7 @@ class Trainer(gluon.Trainer):
         self._keeper = None
         self._boundary = False
         self._handover = False                # listening for the coordinator's request
-        resume = _env.resume()
+        resume = _hold.resume()
         if resume is not None:
 
             _ckpt.load_trainer(self, resume)
