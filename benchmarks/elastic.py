@@ -78,21 +78,28 @@ def pause(n: int, folder: Path, sshd_options, ahead: bool) -> dict:
             "--batch-size", str(16 * (n + 1))]
     proc = subprocess.Popen(argv, cwd=C.ROOT, env=C.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    lines, found = [], []
+    lines, found, seen = [], [], []          # seen: (time, iteration) of progress lines
     stage, target, changed = 0, 20, 0.0
     try:
         for line in proc.stdout:
             lines.append(line)
             m = PROGRESS.search(line)
+            if m:
+                seen.append((time.monotonic(), int(m.group(1))))
             if m and int(m.group(1)) >= target and stage in (0, 2):
                 listing.write_text("".join(f"{h}:1\n" for h in hosts[:n + (stage == 0)]))
                 changed = time.monotonic()
                 stage += 1
             m = RESIZED.search(line)
             if m:
+                boundary = time.monotonic() - float(m.group(4))
+                before = _rate(seen, changed - 5.0, changed)
+                during = _rate(seen, changed, boundary)
+                lead = boundary - changed
+                slowed = lead * max(0.0, 1.0 - during / before) if before and during else 0.0
                 found.append({"from": int(m.group(1)), "to": int(m.group(2)),
-                              "pause_s": float(m.group(4)),
-                              "lead_s": time.monotonic() - changed - float(m.group(4))})
+                              "pause_s": float(m.group(4)), "lead_s": lead,
+                              "lost_s": float(m.group(4)) + slowed})
                 stage, target = stage + 1, int(m.group(3)) + 20
                 if len(found) == 2:
                     break
@@ -104,7 +111,17 @@ def pause(n: int, folder: Path, sshd_options, ahead: bool) -> dict:
         raise SystemExit(f"pause at {n} workers: {len(found)} resize(s) seen, not 2")
     return {"workers": n, "ahead": ahead, "grow_s": found[0]["pause_s"],
             "shrink_s": found[1]["pause_s"], "grow_lead_s": found[0]["lead_s"],
-            "shrink_lead_s": found[1]["lead_s"]}
+            "shrink_lead_s": found[1]["lead_s"], "grow_lost_s": found[0]["lost_s"],
+            "shrink_lost_s": found[1]["lost_s"]}
+
+
+def _rate(seen, start: float, end: float) -> float:
+    """Iterations per second between the progress lines read in [start, end] (0: fewer
+    than two)."""
+    inside = [(t, i) for t, i in seen if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return 0.0
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def main():
@@ -113,21 +130,28 @@ def main():
     p.add_argument("--rounds", type=int)
     p.add_argument("--iterations", type=int)
     p.add_argument("--sizes", default=None, help="workers before a resize, e.g. 2,4,8")
+    p.add_argument("--pause-only", action="store_true",
+                   help="measure the pauses only (not the per-iteration cost)")
+    p.add_argument("--cost-only", action="store_true",
+                   help="measure the per-iteration cost only (not the pauses)")
     C.add_smoke(p)
     args = p.parse_args()
     batch = 128
     if C.smoke(args):
         args.quick, args.rounds, args.iterations, batch = True, 1, 7, 16
+        args.sizes = "2"                     # each resize is a job's start: one size
     rounds = args.rounds or (1 if args.quick else 3)
     iterations = args.iterations or (30 if args.quick else 60)
     sizes = [int(x) for x in (args.sizes or ("2" if args.quick else "2,4,8")).split(",")]
     load = _suite.load()
-    c = cost(rounds, iterations, batch)
+    c = None if args.pause_only else cost(rounds, iterations, batch)
     pauses = []
     sys.path.insert(0, str(C.ROOT / "tests"))
     from sshd import Sshd, ensure_installed      # the tests' private sshd
-    why = ensure_installed()
-    if why:
+    why = None if args.cost_only else ensure_installed()
+    if args.cost_only:
+        pass
+    elif why:
         C.progress(f"no resize pauses: no sshd ({why})")
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -150,32 +174,42 @@ def main():
                         time.sleep(1)
             finally:
                 server.stop()
-    rows = ["| per iteration: snapshots off | on | on / off | per round |", "|---|---|---|---|",
-            f"| {C.median(c['off']):.1f} samples/s | {C.median(c['on']):.1f} samples/s | "
-            f"**{c['ratio']:.3f}x** | {', '.join(f'{x:.3f}' for x in c['ratios'])} |"]
-    table = (f"ResNet-20 (cifar_resnet20_v1), synthetic data, global batch {batch}, 2 workers "
-             f"at 1:3 + 1 server, {iterations} iterations per run (first 5 left out), {rounds} "
-             "round(s) interleaved; snapshots on: every worker copies its state at the end of "
-             "each step (what an elastic job does).\n\n" + "\n".join(rows))
+    table = ""
+    if c is not None:
+        rows = ["| per iteration: snapshots off | on | on / off | per round |",
+                "|---|---|---|---|",
+                f"| {C.median(c['off']):.1f} samples/s | {C.median(c['on']):.1f} samples/s | "
+                f"**{c['ratio']:.3f}x** | {', '.join(f'{x:.3f}' for x in c['ratios'])} |"]
+        table = (f"ResNet-20 (cifar_resnet20_v1), synthetic data, global batch {batch}, 2 "
+                 f"workers at 1:3 + 1 server, {iterations} iterations per run (first 5 left "
+                 f"out), {rounds} round(s) interleaved; snapshots on: every worker copies its "
+                 "state at the end of each step (what an elastic job does).\n\n"
+                 + "\n".join(rows))
     if pauses:
         rows = []
         for n in sizes:
             on, off = (next(r for r in pauses if r["workers"] == n and r["ahead"] is a)
                        for a in (True, False))
-            rows.append(f"| {n} | **{on['grow_s']:.1f} s** (after {on['grow_lead_s']:.1f} s) | "
-                        f"**{on['shrink_s']:.1f} s** (after {on['shrink_lead_s']:.1f} s) | "
+            rows.append(f"| {n} | **{on['grow_s']:.1f} s** (after {on['grow_lead_s']:.1f} s; "
+                        f"lost {on['grow_lost_s']:.1f} s) | **{on['shrink_s']:.1f} s** (after "
+                        f"{on['shrink_lead_s']:.1f} s; lost {on['shrink_lost_s']:.1f} s) | "
                         f"{off['grow_s']:.1f} s | {off['shrink_s']:.1f} s |")
-        table += ("\n\n| workers n | grow n -> n+1, started ahead | shrink n+1 -> n, started "
-                  "ahead | grow, started after the boundary | shrink, after the boundary |\n"
-                  "|---|---|---|---|---|\n" + "\n".join(rows)
+        table += (("\n\n" if table else "") + "| workers n | grow n -> n+1, started ahead | "
+                  "shrink n+1 -> n, started ahead | grow, started after the boundary | "
+                  "shrink, after the boundary |\n|---|---|---|---|---|\n" + "\n".join(rows)
                   + "\n\nPause: from the old job's state saved at the boundary to the new "
-                  "job's first iteration (the launcher's `resized` line); (after X s): from the "
-                  "discovery script's change to that boundary, while the job trained on its old "
-                  "hosts and the next workers started (`--start-ahead`, the default); "
-                  "`--no-start-ahead` starts them after the boundary. Over a private sshd on "
-                  "127.0.0.1-k, the tiny ledger MLP, the two arms one after the other at each "
+                  "job's first iteration (the launcher's `resized` line). Started ahead "
+                  "(`--start-ahead`, the default): the next workers start while the job trains "
+                  "on its old hosts; after: from the discovery script's change to that "
+                  "boundary; lost: the pause plus the iterations the job did not train "
+                  "meanwhile, in seconds (the lead times one less the ratio of its iteration "
+                  "rate then to its rate in the 5 s before the change: the new processes share "
+                  "the cores). `--no-start-ahead` starts them after the boundary: its pause "
+                  "is all it loses. Over a private sshd on 127.0.0.1-k (every process on these "
+                  "2 cores), the tiny ledger MLP, the two arms one after the other at each "
                   f"size; load average {load:.1f} at the start.")
-    C.write("elastic" + ("_quick" if args.quick and not C.SMOKE else ""),
+    C.write("elastic" + ("_quick" if args.quick and not C.SMOKE else "")
+            + ("_pauses" if args.pause_only else "") + ("_cost" if args.cost_only else ""),
             {"cost": c, "pauses": pauses, "load_at_start": load}, table)
 
 

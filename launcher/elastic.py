@@ -195,6 +195,7 @@ class Watcher:
         self._prepared_at = 0.0
         self._held = 0
         self._failed_hosts: List[str] = []
+        self._given_up = threading.Event()
         self._saved_at: Optional[float] = None
         self._noticed: set = set()
         self.saved_iteration: Optional[int] = None
@@ -263,6 +264,8 @@ class Watcher:
         processes import MXNet and run the script's set-up, then wait at its hold; the
         boundary is asked for once they all do (:meth:`_ready`)."""
         self._prepared_at = now
+        self.next, self._start_error, self._failed_hosts = None, None, []
+        self._given_up = threading.Event()
         n = slots(change.hosts)
         self.job.output.say(f"{change.why}: starting the next {n} worker(s) while training "
                             "goes on; the job moves to them at an iteration boundary")
@@ -270,7 +273,8 @@ class Watcher:
         def start():
             try:
                 self.next = self.prepare(change.hosts)
-                self.next.prestart()
+                if not self._given_up.is_set():
+                    self.next.prestart()
             except Exception as exc:  # noqa: BLE001 - said, and the resize starts cold
                 self._start_error = str(exc) or type(exc).__name__
                 self._failed_hosts = list(getattr(exc, "names", None) or [])
@@ -325,6 +329,9 @@ class Watcher:
 
     def discard_next(self) -> None:
         """Stop the next generation started ahead, if any (the job did not resize)."""
+        self._given_up.set()
+        if self.next is not None:
+            self.next.cancel()
         if self._starting is not None:
             self._starting.join()
         nxt, self.next = self.next, None

@@ -142,6 +142,7 @@ class Job:
         self.hold: Optional[Hold] = None
         self._coordinator_sock: Optional[socket.socket] = None
         self._port: Optional[int] = None
+        self._cancelled = threading.Event()
         #: the signal (SIGINT, SIGTERM) that asks the job to stop, once one came
         self.signal: Optional[int] = None
         self._keepalive = self.transport.keepalive
@@ -231,9 +232,13 @@ class Job:
         sock.bind((self.bind, 0))
         sock.listen(4096)
         self.builder.hold = self.hold.address
+        if self._cancelled.is_set():
+            return
         self._port = self._start_roles(sock.getsockname()[:2])
         log.debug("next generation: scheduler listening %.2f s after the start",
                   time.monotonic() - began)
+        if self._cancelled.is_set():
+            return
         if self._port is None:
             raise JobFailed("the ps-lite scheduler of the next generation did not start")
         if self._keepalive:
@@ -318,18 +323,28 @@ class Job:
             for p in others:
                 p.start()
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and self.signal is None:
+            while time.monotonic() < deadline and not self._stopping:
                 if scheduler.poll() is not None:
                     break
                 if _listening(self.bind, port) or all(w.poll() is not None
                                                       for w in self.roles.workers):
                     return port      # (workers that ended: the supervision says how)
                 time.sleep(0.05)
-            if self.signal is not None:
+            if self._stopping:
                 return None
             stop_all(self.roles.all, grace=1.0)
         self.output.say("error: the ps-lite scheduler did not start (see its output above)")
         return None
+
+    @property
+    def _stopping(self) -> bool:
+        """A signal came, or the job started ahead was given up (:meth:`cancel`)."""
+        return self.signal is not None or self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Give up a job started ahead, from another thread: its start stops waiting (and
+        :meth:`discard` then stops what it started)."""
+        self._cancelled.set()
 
     def interrupted(self) -> int:
         """After SIGINT / SIGTERM: 128 + its number (after saying so)."""

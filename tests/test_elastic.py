@@ -120,7 +120,7 @@ def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_p
     hosts.set(*HOSTS[:2])
     # the next workers start while the job trains (--start-ahead): slow iterations, so
     # that the job is still running when they are ready, on a loaded machine too
-    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50, "--max-workers", 3,
+    run, job = start(sshd3, tmp_path, hosts, "--checkpoint-every", 50, "--max-np", 3,
                      epochs=4, compute=3)
     try:
         reached(run, 10)

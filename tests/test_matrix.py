@@ -21,7 +21,9 @@ is every pair of lbbsp or bsp and a resume, with two goodput and two courier job
 drawn too. One more job always: 8 workers, uneven (emulated compute and slowdowns), with a
 short last batch. The launch options that no other test runs in a real job ride along in
 :data:`BUNDLES`, each on one job of the draw at least, and each is checked for its effect.
-A failure prints the configuration and the commands that reproduce it.
+A failure prints the configuration and the commands that reproduce it. With
+``MXLBBSP_MATRIX_TABLE=FILE`` every passing job adds a JSON line to FILE: its id, its
+largest difference from the reference and its time.
 
 Launch options and a test whose real job runs each (``tests/<file>::<test>``; ``[...+x...]``:
 the matrix job that carries bundle x; a default value runs in every job that does not set
@@ -62,16 +64,19 @@ the option):
     --dry-run                                        test_hostfile::test_dry_run_prints_...
                                                        (starts nothing, by its definition)
     --host-discovery-script, --discovery-interval,   test_elastic::test_grow_shrink_and_a_...,
-      --min-workers, --max-workers                     test_sigterm_is_a_graceful_shrink_...
-    --min-np, --max-np                               test_elastic::test_contradictory_...
-                                                       (horovodrun's names of --min-workers and
-                                                       --max-workers: parsed, no job of their own)
+      --min-workers, --start-ahead (the default)       test_sigterm_is_a_graceful_shrink_...
+    --max-workers, --max-np (horovodrun's name)      test_elastic::test_grow_shrink_and_a_...
+                                                       (--max-np), test_elastic::test_contra...
+    --min-np (horovodrun's name of --min-workers)    test_elastic::test_contradictory_...
+                                                       (parsed, no job of its own)
+    --no-start-ahead                                 test_elastic::test_sigterm_is_a_graceful_...
 """
 import json
 import math
 import os
 import shlex
 import shutil
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
@@ -89,6 +94,9 @@ SCRIPT = ROOT / "tests" / "scripts" / "ledger_train.py"
 SEED = int(os.environ.get("MXLBBSP_MATRIX_SEED", "7"))
 JOBS = 12
 TOLERANCE = 1e-4
+#: a file each passing job adds a line to: its id, its largest difference from the
+#: reference and its seconds (the matrix's table, e.g. for a note); unset: none written
+TABLE = "MXLBBSP_MATRIX_TABLE"
 LR, MOMENTUM = 0.1, 0.9
 
 
@@ -444,6 +452,7 @@ _LR_RULES = {"linear": lambda r, b0: r["global_batch"] / b0,
 
 @pytest.mark.parametrize("job", MATRIX, ids=[job.id for job in MATRIX])
 def test_job(job, tmp_path):
+    began = time.monotonic()
     folder = tmp_path
     (folder / "job").mkdir()
     story = job.story(folder)
@@ -470,6 +479,10 @@ def test_job(job, tmp_path):
         raise AssertionError(f"{story}\n{exc}") from None
     assert epochs == job.epochs, f"{story}\nthe reference trained {epochs} whole epoch(s)"
     assert diff <= TOLERANCE, f"{story}\nthe largest difference from the reference: {diff}"
+    if os.environ.get(TABLE):
+        with open(os.environ[TABLE], "a") as out:
+            out.write(json.dumps({"job": job.id, "difference": diff,
+                                  "seconds": round(time.monotonic() - began, 1)}) + "\n")
 
     records = [json.loads(line) for line in open(folder / "m.jsonl")]
     keys = [(r["iteration"], r["rank"]) for r in records]
