@@ -394,6 +394,18 @@ def _membership(config, say) -> Membership:
     return Membership(poll, config.discovery_interval, config.max_workers, say)
 
 
+def generation_config(config, first: bool):
+    """A generation's own copy of the launch's configuration (the next one may be built
+    while this one runs): its number of workers comes from its hosts, and after the first
+    it resumes from the newest checkpoint in --checkpoint-dir (the state saved at the
+    boundary or after a failure), not from --resume's."""
+    cfg = copy.copy(config)
+    cfg.num_workers = None
+    if not first:
+        cfg.resume = None
+    return cfg
+
+
 def run_elastic(config) -> int:
     """An elastic job to its end: generations of :class:`~.job.Job` on the hosts of the
     moment, joined by resizes (module docstring); the exit code of the last."""
@@ -431,12 +443,9 @@ def run_elastic(config) -> int:
     launch_start: Optional[int] = None
     note: Optional[Note] = None
     totals = {"resizes": 0, "restarts": 0, "paused_s": 0.0, "lost": 0}
-    def generation(hosts, checked) -> Job:
-        """The job of one generation on ``hosts`` (its own copy of the configuration: the
-        next one may be built while this one runs)."""
-        cfg = copy.copy(config)
-        cfg.num_workers = None
-        job = Job(cfg, output=output, hosts=hosts)
+    def generation(hosts, checked, first: bool) -> Job:
+        """The job of one generation on ``hosts``."""
+        job = Job(generation_config(config, first), output=output, hosts=hosts)
         job.since = started
         job.checked_hosts = checked
         return job
@@ -444,12 +453,12 @@ def run_elastic(config) -> int:
     def prepare(current: Job):
         if not config.start_ahead or config.dry_run:
             return None
-        return lambda after: generation(after, {h.name for h in current.hosts})
+        return lambda after: generation(after, {h.name for h in current.hosts}, False)
 
     prepared = None
     try:
         while True:
-            job = prepared or generation(hosts, checked)
+            job = prepared or generation(hosts, checked, first=note is None)
             prepared = None
             if launch_start is None:
                 launch_start = job.launch_start      # the summary counts the launch's

@@ -91,3 +91,22 @@ def test_the_change_in_words():
     assert D.describe_change(a, a[:1]) == "host n2 left"
     assert D.describe_change(a, [Host("n1", slots=4), Host("n2")]) == \
         "host n1 has 4 slot(s) (was 2)"
+
+
+def test_a_later_generation_resumes_from_the_checkpoint_dir_not_from_resume(tmp_path):
+    """An elastic job launched with --resume OLD continues from OLD once; every later
+    generation from the state its predecessor saved in --checkpoint-dir, on its own copy of
+    the configuration (the next one is built while the current one runs)."""
+    from mxlbbsp.launcher.config import LaunchConfig
+    from mxlbbsp.launcher.elastic import generation_config
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 127.0.0.1\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    config = LaunchConfig(command=["x"], host_discovery_script=str(script),
+                          checkpoint_dir=str(tmp_path / "ck"))
+    config.resume = str(tmp_path / "old")          # (checked at launch: not the point here)
+    first, later = generation_config(config, True), generation_config(config, False)
+    assert first.resume == config.resume == str(tmp_path / "old")
+    assert later.resume is None and later.checkpoint_dir == str(tmp_path / "ck")
+    later.num_workers = 3
+    assert config.num_workers is None and first is not config
