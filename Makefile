@@ -26,7 +26,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 test: venv
-	$(BIN)/python -m pytest -q tests -m "not bench"
+	$(BIN)/python -m pytest -q tests -m "not bench" --durations=25
 
 # The property tests of the pure core (tests/test_props_*.py) on new examples: a new seed
 # (printed; `make test-props SEED=N` draws the same again) and 10 to 25 times the examples

@@ -24,6 +24,7 @@ from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import signals
 from mxlbbsp.core import store as _store
+from mxlbbsp.core.planner import launch_clock
 from mxlbbsp.core.slowdown import Schedule, SlowdownError
 from mxlbbsp.core.slowdown import parse as parse_slowdown
 
@@ -492,6 +493,22 @@ class LaunchConfig:
         if self.checkpoint_dir:
             return _store.latest(self.checkpoint_dir)
         return None
+
+    def coordinator_config(self, token: str, host: str, sock=None, manifest=None,
+                           state=None) -> CoordinatorConfig:
+        """The coordinator's configuration for this job (its one translation): ``host`` to
+        listen on (or ``sock``, listening already), and when resuming the checkpoint's
+        ``manifest`` and the coordinator ``state`` saved in it."""
+        return CoordinatorConfig(
+            num_workers=self.num_workers, token=token, sync=self.sync,
+            predictor=self.predictor, time_model=self.time_model, threshold=self.threshold,
+            exog=self.exog_columns, max_batch=self.max_batch_size,
+            min_batch=self.min_batch_size, tensorboard_dir=self.tensorboard,
+            metrics_path=self.metrics, host=host, sock=sock, slowdown=self.slowdown,
+            sync_options=self.sync_options,
+            started=launch_clock(),      # the deadline counts from the launch
+            checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every or 0,
+            resume_manifest=manifest, resume_state=state)
 
     def resolve_slowdown(self, num_workers: int) -> None:
         """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""

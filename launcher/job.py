@@ -28,11 +28,10 @@ import threading
 import time
 from typing import List, Optional
 
-from mxlbbsp.control.coordinator import Coordinator, CoordinatorConfig
+from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import store as _store
 from mxlbbsp.core.env import NO_MXNET
-from mxlbbsp.core.planner import launch_clock
 
 from . import transport as _transport
 from .config import ConfigError, LaunchConfig, interface_addresses
@@ -275,17 +274,8 @@ class Job:
                             f"({self.resume_from}; written by {manifest.get('num_workers')} "
                             f"worker(s), now {cfg.num_workers})"
                             + (f"; {kept} metrics records kept" if cfg.metrics else ""))
-        self.coordinator = Coordinator(CoordinatorConfig(
-            num_workers=cfg.num_workers, token=self.token, sync=cfg.sync,
-            predictor=cfg.predictor, time_model=cfg.time_model, threshold=cfg.threshold,
-            exog=cfg.exog_columns,
-            max_batch=cfg.max_batch_size, min_batch=cfg.min_batch_size,
-            tensorboard_dir=cfg.tensorboard, metrics_path=cfg.metrics, host=self.bind,
-            slowdown=cfg.slowdown, sync_options=cfg.sync_options,
-            started=launch_clock(),      # the deadline counts from the launch
-            checkpoint_dir=cfg.checkpoint_dir,
-            checkpoint_every=cfg.checkpoint_every or 0, resume_manifest=manifest,
-            resume_state=state, sock=self._coordinator_sock))
+        self.coordinator = Coordinator(cfg.coordinator_config(
+            self.token, self.bind, self._coordinator_sock, manifest, state))
         try:
             coord_addr = self.coordinator.start()
         except OSError as exc:
