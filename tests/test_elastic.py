@@ -8,7 +8,8 @@ Two jobs carry the scenarios (each real job costs a start-up per resize):
 * grow 2 -> 3 when the script lists a third host, shrink 3 -> 2 when it drops it (each
   time the next workers start while the job trains, --start-ahead), a listed host that
   cannot run the job left out, then kill -9 of a worker with --checkpoint-every 50: each
-  resize loses no finished iteration, the failure none either (the iteration in flight is
+  resize loses no finished iteration, the failure (while the third host's generation starts
+  ahead: given up, the job restarts on three hosts) none either (the iteration in flight is
   trained again), where restarting from the periodic checkpoint would have redone up to 49;
 * SIGTERM to one host's processes (its guard and its worker: a preemption notice) shrinks
   the job 3 -> 2 gracefully, the next workers started after the boundary
@@ -104,15 +105,22 @@ def exact(job, samples):
 
 
 def worker_of(marker, rank):
+    """The worker of ``rank`` of the running generation (the oldest: a next generation's,
+    started ahead, may be waiting beside it)."""
+    found = []
     for p in psutil.process_iter(["pid"]):
         try:
             env = p.environ()
             if env.get("MXLBBSP_TEST_MARK") == marker and env.get("MXLBBSP_RANK") == str(rank) \
                     and "ledger_train.py" in " ".join(p.cmdline()):
-                return p
+                found.append((p.create_time(), p.pid, p))
         except psutil.Error:
             continue
-    return None
+    return min(found)[2] if found else None
+
+
+def count(run, pattern):
+    return len([line for line in list(run.lines) if re.search(pattern, line)])
 
 
 def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_path):
@@ -142,10 +150,18 @@ def test_grow_shrink_and_a_killed_worker_lose_no_finished_iteration(sshd3, tmp_p
         # past a periodic checkpoint, and far enough from the next one that restarting from
         # it would redo many iterations
         now = reached(run, max(at + 10, (at // 50 + 1) * 50 + 5))
+        # the third host is back: while its generation starts ahead, a worker dies; the
+        # generation started ahead is given up, the job restarts on the three hosts
         victim = worker_of(run.marker, 1)
         assert victim is not None, run.output
+        hosts.set(*HOSTS)
+        joined = r"host 127.0.0.3 joined: starting the next 3 worker"
+        deadline = time.monotonic() + 60
+        while count(run, joined) < 2:
+            assert time.monotonic() < deadline, run.output
+            time.sleep(0.1)
         victim.send_signal(signal.SIGKILL)
-        restarted = run.wait_for(r"restarted 2 -> 2 workers at iteration \d+ in [\d.]+ s "
+        restarted = run.wait_for(r"restarted 2 -> 3 workers at iteration \d+ in [\d.]+ s "
                                  r"\(worker 1 was killed by SIGKILL.*\), 0 iteration\(s\) lost")
         resumed = int(re.search(r"at iteration (\d+)", restarted).group(1))
         assert resumed >= now, (now, restarted)     # from the survivor's state, not the
