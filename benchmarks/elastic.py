@@ -2,8 +2,10 @@
 
 * ``cost``: what keeping the last finished iteration's state costs every iteration (the
   copies that let a survivor save it when another worker fails, mxlbbsp/worker/snapshot.py),
-  side by side with it off: ResNet-20 at 1:3 (2 workers, one emulated 3x slower), rounds
-  interleaved, the ratio of samples/s (the issue's bar: at most 2 % off);
+  side by side with it off: in one process, blocks of steps with and without the copies
+  interleaved (what separate jobs spread by on a shared machine is out), and in real jobs,
+  ResNet-20 at 1:3 (2 workers, one emulated 3x slower), rounds interleaved, the ratio of
+  samples/s (the bar: at most 2 % off);
 * ``pause``: how long a resize stops training, at n workers on loopback (n hosts
   127.0.0.1..n of a private sshd, one slot each, and one more that joins and leaves through
   the discovery script): from the old job's state saved to the new job's first iteration,
@@ -15,6 +17,7 @@
     python benchmarks/elastic.py --quick          # cost 1 round x 30, pause at 2
 """
 import argparse
+import json
 import re
 import stat
 import subprocess
@@ -50,6 +53,25 @@ def cost(rounds: int, iterations: int, batch: int) -> dict:
     ratios = [on / off for on, off in zip(runs["on"], runs["off"])]
     return {"off": runs["off"], "on": runs["on"], "ratios": ratios,
             "ratio": C.median(ratios), "iterations": iterations, "batch": batch}
+
+
+def keep_cost(blocks: int, block: int, batch: int) -> dict:
+    """The copies' cost per step in one process (benchmarks/_keep_cost.py): ResNet-20,
+    ``blocks`` blocks of ``block`` steps per arm, interleaved; the ratio of step rates of
+    each pair of neighbouring blocks (on / off), and its median."""
+    argv = [C.PY, str(Path(__file__).with_name("_keep_cost.py")),
+            json.dumps({"model": "resnet20", "batch": batch, "blocks": blocks,
+                        "block": block})]
+    out = subprocess.run(argv, cwd=C.ROOT, env=C.env(), capture_output=True, text=True,
+                         timeout=3600)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-3000:] + out.stderr[-3000:])
+        raise SystemExit("the in-process cost measure failed")
+    times = json.loads(out.stdout.strip().splitlines()[-1])
+    ratios = [off / on for on, off in zip(times["on"], times["off"])]
+    return {"on_s": C.median(times["on"]), "off_s": C.median(times["off"]),
+            "ratios": ratios, "ratio": C.median(ratios), "blocks": blocks, "block": block,
+            "batch": batch}
 
 
 def _discovery(folder: Path) -> tuple:
@@ -144,7 +166,12 @@ def main():
     iterations = args.iterations or (30 if args.quick else 60)
     sizes = [int(x) for x in (args.sizes or ("2" if args.quick else "2,4,8")).split(",")]
     load = _suite.load()
-    c = None if args.pause_only else cost(rounds, iterations, batch)
+    c = k = None
+    if not args.pause_only:
+        C.progress("cost in one process: the copies on and off in interleaved blocks")
+        k = keep_cost(2 if C.SMOKE else 12, 2 if C.SMOKE else 5, 64)
+        C.progress(f"  on / off {k['ratio']:.3f}")
+        c = cost(rounds, iterations, batch)
     pauses = []
     sys.path.insert(0, str(C.ROOT / "tests"))
     from sshd import Sshd, ensure_installed      # the tests' private sshd
@@ -180,7 +207,14 @@ def main():
                 "|---|---|---|---|",
                 f"| {C.median(c['off']):.1f} samples/s | {C.median(c['on']):.1f} samples/s | "
                 f"**{c['ratio']:.3f}x** | {', '.join(f'{x:.3f}' for x in c['ratios'])} |"]
-        table = (f"ResNet-20 (cifar_resnet20_v1), synthetic data, global batch {batch}, 2 "
+        table = (f"In one process (`benchmarks/_keep_cost.py`): ResNet-20, a batch of "
+                 f"{k['batch']}, {k['blocks']} blocks of {k['block']} steps per arm "
+                 f"interleaved (ABBA), the engine drained at each block's ends: a step "
+                 f"takes {k['off_s'] * 1000:.1f} ms without the copies, "
+                 f"{k['on_s'] * 1000:.1f} ms with them; step rate with / without, "
+                 f"neighbouring blocks paired: **{k['ratio']:.3f}x** (median; pairs "
+                 f"{', '.join(f'{x:.3f}' for x in k['ratios'])}).\n\n"
+                 f"ResNet-20 (cifar_resnet20_v1), synthetic data, global batch {batch}, 2 "
                  f"workers at 1:3 + 1 server, {iterations} iterations per run (first 5 left "
                  f"out), {rounds} round(s) interleaved; snapshots on: every worker copies its "
                  "state at the end of each step (what an elastic job does).\n\n"
@@ -210,7 +244,7 @@ def main():
                   f"size; load average {load:.1f} at the start.")
     C.write("elastic" + ("_quick" if args.quick and not C.SMOKE else "")
             + ("_pauses" if args.pause_only else "") + ("_cost" if args.cost_only else ""),
-            {"cost": c, "pauses": pauses, "load_at_start": load}, table)
+            {"cost": c, "keep_cost": k, "pauses": pauses, "load_at_start": load}, table)
 
 
 if __name__ == "__main__":
