@@ -1,12 +1,12 @@
 """The per-step cost of an elastic job's kept state (mxlbbsp/worker/snapshot.py), side by side
 in one process: benchmarks/elastic.py runs this as ``python _keep_cost.py JSON_ARGS``.
 
-One mxlbbsp.Trainer step loop (a single process: no kvstore, no launcher), blocks of
-``block`` steps alternating with the copies on and off: on, each step is followed by the
-``Keeper.keep`` an elastic job's trainer makes after its step (the same call); the engine
-drained at each block's ends. Printed: one JSON line
-with every block's mean step time per arm. Interleaving small blocks in one process takes
-out what separate jobs on a shared machine spread by (other load, the processes' start).
+One mxlbbsp.Trainer step loop (a single process: no kvstore, no launcher), steps alternating
+with the copies on and off (ABBA): on, the step is followed by the ``Keeper.keep`` an
+elastic job's trainer makes after its step (the same call); each step timed to the engine
+drained. Printed: one JSON line with every step's time per arm. Other load on the machine
+only ever adds to a step's time, so the fastest steps of each arm (their lower quantiles)
+compare what the copies cost, where separate jobs on a shared machine spread by more.
 """
 import json
 import sys
@@ -46,16 +46,14 @@ def main():
         keeper.keep(trainer, i)
     nd.waitall()
     times = {"on": [], "off": []}
-    for b in range(2 * args["blocks"]):
+    for b in range(2 * args["steps"]):
         arm = ("on", "off")[(b + b // 2) % 2]        # ABBA: on off off on on off ...
-        nd.waitall()
         began = time.perf_counter()
-        for i in range(args["block"]):
-            step()
-            if arm == "on":
-                keeper.keep(trainer, i)
+        step()
+        if arm == "on":
+            keeper.keep(trainer, b)
         nd.waitall()
-        times[arm].append((time.perf_counter() - began) / args["block"])
+        times[arm].append(time.perf_counter() - began)
     print(json.dumps(times))
 
 
