@@ -150,6 +150,38 @@ def _rate(seen, start: float, end: float) -> float:
     return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
+def measure_pauses(sizes) -> list:
+    """The pauses of a grow and a shrink at each size, started ahead and after the
+    boundary (:func:`pause`), over the tests' private sshd on 127.0.0.1-k; [] without one."""
+    sys.path.insert(0, str(C.ROOT / "tests"))
+    from sshd import Sshd, ensure_installed      # the tests' private sshd
+    why = ensure_installed()
+    if why:
+        C.progress(f"no resize pauses: no sshd ({why})")
+        return []
+    pauses = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Sshd(Path(tmp) / "sshd", addresses=[f"127.0.0.{i}" for i in
+                                                    range(1, max(sizes) + 2)])
+        (Path(tmp) / "sshd").mkdir()
+        server.start()
+        try:
+            for n in sizes:
+                for ahead in (True, False) if n % 2 else (False, True):
+                    arm = "start ahead" if ahead else "after the boundary"
+                    C.progress(f"pause: {n} -> {n + 1} -> {n} workers, {arm}")
+                    folder = Path(tmp) / f"pause-{n}-{int(ahead)}"
+                    folder.mkdir()
+                    pauses.append(pause(n, folder, server.launch_options(), ahead))
+                    r = pauses[-1]
+                    C.progress(f"  grow {r['grow_s']:.1f} s (after {r['grow_lead_s']:.1f} s), "
+                               f"shrink {r['shrink_s']:.1f} s (after {r['shrink_lead_s']:.1f} s)")
+                    time.sleep(1)
+        finally:
+            server.stop()
+    return pauses
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true")
@@ -172,39 +204,11 @@ def main():
     load = _suite.load()
     c = k = None
     if not args.pause_only:
-        C.progress("cost in one process: the copies on and off in interleaved blocks")
+        C.progress("cost in one process: steps with and without the copies, alternating")
         k = keep_cost(4 if C.SMOKE else 80, 64)
         C.progress(f"  on / off (fastest tenth) {k['ratio']['p10']:.3f}")
         c = cost(rounds, iterations, batch)
-    pauses = []
-    sys.path.insert(0, str(C.ROOT / "tests"))
-    from sshd import Sshd, ensure_installed      # the tests' private sshd
-    why = None if args.cost_only else ensure_installed()
-    if args.cost_only:
-        pass
-    elif why:
-        C.progress(f"no resize pauses: no sshd ({why})")
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            server = Sshd(Path(tmp) / "sshd", addresses=[f"127.0.0.{i}" for i in
-                                                        range(1, max(sizes) + 2)])
-            (Path(tmp) / "sshd").mkdir()
-            server.start()
-            try:
-                for n in sizes:
-                    for ahead in (True, False) if n % 2 else (False, True):
-                        arm = "start ahead" if ahead else "after the boundary"
-                        C.progress(f"pause: {n} -> {n + 1} -> {n} workers, {arm}")
-                        folder = Path(tmp) / f"pause-{n}-{int(ahead)}"
-                        folder.mkdir()
-                        pauses.append(pause(n, folder, server.launch_options(), ahead))
-                        r = pauses[-1]
-                        C.progress(f"  grow {r['grow_s']:.1f} s (after {r['grow_lead_s']:.1f} "
-                                   f"s), shrink {r['shrink_s']:.1f} s (after "
-                                   f"{r['shrink_lead_s']:.1f} s)")
-                        time.sleep(1)
-            finally:
-                server.stop()
+    pauses = [] if args.cost_only else measure_pauses(sizes)
     table = ""
     if c is not None:
         rows = ["| per iteration: snapshots off | on | on / off | per round |",

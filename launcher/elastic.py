@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from .discovery import Discovery, DiscoveryFailed, cap, describe_change
 from .hostfile import Host
@@ -194,7 +194,7 @@ class Watcher:
         self._start_error: Optional[str] = None
         self._prepared_at = 0.0
         self._held = 0
-        self._failed_hosts: List[str] = []
+        self._failed_hosts: Dict[str, str] = {}
         self._given_up = threading.Event()
         self._saved_at: Optional[float] = None
         self._noticed: set = set()
@@ -264,7 +264,7 @@ class Watcher:
         processes import MXNet and run the script's set-up, then wait at its hold; the
         boundary is asked for once they all do (:meth:`_ready`)."""
         self._prepared_at = now
-        self.next, self._start_error, self._failed_hosts = None, None, []
+        self.next, self._start_error, self._failed_hosts = None, None, {}
         self._given_up = threading.Event()
         n = slots(change.hosts)
         self.job.output.say(f"{change.why}: starting the next {n} worker(s) while training "
@@ -277,7 +277,7 @@ class Watcher:
                     self.next.prestart()
             except Exception as exc:  # noqa: BLE001 - said, and the resize starts cold
                 self._start_error = str(exc) or type(exc).__name__
-                self._failed_hosts = list(getattr(exc, "names", None) or [])
+                self._failed_hosts = dict(getattr(exc, "failed", None) or {})
         self._starting = threading.Thread(target=start, name="mxlbbsp-next-generation",
                                           daemon=True)
         self._starting.start()
@@ -293,7 +293,7 @@ class Watcher:
             log.debug("next generation: %d worker(s) at the hold %.2f s after the change",
                       held, now - self._prepared_at)
         if (not self._starting.is_alive() and self._start_error is None and nxt is not None
-                and nxt.held == nxt.config.num_workers):
+                and held == nxt.config.num_workers):
             return True
         problem = self._start_error
         if problem is None and nxt is not None and not self._starting.is_alive():
@@ -310,21 +310,19 @@ class Watcher:
             for name in self._failed_hosts:
                 self.membership.preempted(name)
             self.job.output.say(f"warning: {', '.join(self._failed_hosts)} cannot join the job "
-                                f"({problem}): left out until the discovery script drops it "
-                                "and lists it again; the job trains on")
-            self.resize, self._failed_hosts, self._start_error = None, [], None
+                                f"({'; '.join(self._failed_hosts.values())}): left out until "
+                                "the discovery script drops it and lists it again; the job "
+                                "trains on")
+            self.resize, self._failed_hosts, self._start_error = None, {}, None
             return False
         self.job.output.say(f"warning: the next generation could not start ahead ({problem}); "
                             "it starts after the boundary")
         return True
 
     def take_next(self):
-        """The next generation's job, started ahead and ready, or None."""
+        """The next generation's job, started ahead and ready, or None (none was, or it
+        was given up: the boundary is asked for only after :meth:`_ready`)."""
         nxt, self.next = self.next, None
-        if nxt is not None and (self._start_error is not None or self._starting.is_alive()):
-            self.next = nxt
-            self.discard_next()
-            return None
         return nxt
 
     def discard_next(self) -> None:
@@ -496,7 +494,9 @@ def run_elastic(config) -> int:
                 output.say(f"no restart: {failures - 1} failure(s) recovered from already "
                            f"(--restarts {limit})")
                 return rc
-            usable = [h for h in membership.hosts() if job.preflight(h) is None]
+            left = membership.hosts()
+            failed = job.transport.preflight(left)
+            usable = [h for h in left if h.name not in failed]
             checked = {h.name for h in usable}
             if slots(usable) < low:
                 output.say(f"error: {slots(usable)} worker slot(s) left after the failure, "

@@ -12,10 +12,11 @@ closed at once.
 """
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from typing import Dict, Optional
+
+from mxlbbsp.core import protocol as P
 
 #: how long a connection may take to say who it is
 HELLO_TIMEOUT_S = 10.0
@@ -55,12 +56,11 @@ class Hold:
     def _greet(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(HELLO_TIMEOUT_S)
-            line = conn.makefile("rb").readline(4096)
-            hello = json.loads(line)
-            rank = hello["rank"]
-            ok = (hello.get("token") == self.token and type(rank) is int
-                  and 0 <= rank < self.num_workers)
-        except (OSError, ValueError, TypeError, KeyError):
+            hello = P.decode(conn.makefile("rb").readline(P.MAX_HELLO), P.MAX_HELLO)
+            rank = hello.get("rank")
+            ok = (hello["type"] == P.HOLD and P.token_ok(hello, self.token)
+                  and type(rank) is int and 0 <= rank < self.num_workers)
+        except (OSError, P.ProtocolError):
             ok = False
         with self._lock:
             if ok and not self._closed and rank not in self._held:
@@ -72,7 +72,7 @@ class Hold:
     def release(self, resume: Optional[str]) -> int:
         """Tell every worker held the checkpoint to resume from (None: none); returns how
         many were told. Workers that come later are closed (given up)."""
-        line = (json.dumps({"resume": resume}) + "\n").encode()
+        line = P.encode(P.release(resume))
         with self._lock:
             held, self._held = self._held, {}
             self._closed = True

@@ -26,7 +26,7 @@ import signal
 import socket
 import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from mxlbbsp.control.coordinator import Coordinator
 from mxlbbsp.core import env as _env
@@ -52,12 +52,12 @@ class JobFailed(RuntimeError):
 
 
 class HostsFailed(JobFailed):
-    """Hosts new to the job failed the pre-flight (``names``): a job started ahead leaves
-    them out instead (launcher/elastic.py)."""
+    """Hosts failed the pre-flight (``failed``: what is wrong with each, by host name): a
+    job started ahead leaves them out instead of failing (launcher/elastic.py)."""
 
-    def __init__(self, message: str, names: List[str]):
+    def __init__(self, message: str, failed: Dict[str, str]):
         super().__init__(message)
-        self.names = names
+        self.failed = failed
 
 
 def _listening(host: str, port: int) -> bool:
@@ -197,10 +197,11 @@ class Job:
                 signal.signal(s, h)
 
     def _preflight(self) -> None:
+        """HostsFailed when a host not checked yet cannot run a role now."""
         fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
         failed = self.transport.preflight(fresh) if fresh else None
         if failed:
-            raise JobFailed(self.transport.preflight_failed(failed, self.hosts))
+            raise HostsFailed(self.transport.preflight_failed(failed, self.hosts), failed)
 
     def prestart(self) -> None:
         """Start this job ahead of its turn (an elastic job's next generation, while the
@@ -208,21 +209,13 @@ class Job:
         checked, then the scheduler, the servers and the workers, which wait at the hold
         (:mod:`.hold`) to be told the checkpoint they resume from; the coordinator's port
         listens already, the coordinator comes in :meth:`run`, which starts nothing more.
-        JobFailed, ConfigError or OSError when it cannot start; :meth:`discard` then stops
-        what did."""
+        HostsFailed, JobFailed, ConfigError or OSError when it cannot start; :meth:`discard`
+        then stops what did."""
         self.transport.check_command()
         if not self.transport.remote and importlib.util.find_spec("mxnet") is None:
             raise ConfigError(NO_MXNET)
         began = time.monotonic()
-        try:
-            self._preflight()
-        except JobFailed as exc:
-            fresh = [h for h in self.hosts if h.name not in self.checked_hosts]
-            said = {h.name: self.transport.check_host(h) for h in self.transport.distinct(fresh)}
-            failed = {name: why for name, why in said.items() if why}
-            if not failed:
-                raise
-            raise HostsFailed("; ".join(failed.values()), list(failed)) from exc
+        self._preflight()
         log.debug("next generation: pre-flight in %.2f s", time.monotonic() - began)
         self._resolve_bind()
         self.hold = Hold(self.bind, self.token, self.config.num_workers)
@@ -379,11 +372,9 @@ NO_RESTART = (0, EXIT_CONFIG, 130, 143)
 
 def _reachable(job: Job) -> tuple:
     """(hosts that pass the pre-flight, one reason per host that does not)."""
-    results = {}
-    for h in job.transport.distinct(job.hosts):
-        results[h.name] = job.preflight(h)
-    ok = [h for h in job.hosts if not results.get(h.name)]
-    return ok, [f"{name} unreachable" for name, r in results.items() if r]
+    failed = job.transport.preflight(job.hosts)
+    ok = [h for h in job.hosts if h.name not in failed]
+    return ok, [f"{name} unreachable" for name in failed]
 
 
 def _finished(job: Job) -> Optional[int]:

@@ -22,7 +22,6 @@ script's node under ``sbatch``), like with a hostfile.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import ipaddress
 import os
 import re
@@ -267,16 +266,10 @@ class SlurmTransport(Transport):
         last = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
         return f"{host.name}: {last}"
 
-    def preflight(self, hosts: Sequence[Host]) -> List[str]:
-        unique = self.distinct(hosts)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-            results = list(pool.map(self.check_host, unique))
-        return [r for r in results if r]
-
-    def preflight_failed(self, failed: List[str], hosts: Sequence[Host]) -> str:
+    def preflight_failed(self, failed: Dict[str, str], hosts: Sequence[Host]) -> str:
         return (f"SLURM pre-flight (a step on each node) failed on {len(failed)} of "
                 f"{len(self.distinct(hosts))} node(s) of allocation {self.job_id}, nothing "
-                f"was started: {'; '.join(failed)}")
+                f"was started: {'; '.join(failed.values())}")
 
     def settle(self, p: RoleProcess, rc: int) -> bool:
         p.drain_output()                     # the guard's exit line, if it sent one

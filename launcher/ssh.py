@@ -10,7 +10,6 @@ let a remote guard stop its process when the launcher went silent (:func:`keepal
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import re
 import shlex
@@ -140,14 +139,6 @@ def check_host(host: Host, opts: SshOptions, python: str, folder: str) -> Option
 def distinct(hosts: Sequence[Host]) -> List[Host]:
     """The different SSH destinations among ``hosts`` (slots aside), in order."""
     return list(dict.fromkeys(dataclasses.replace(h, slots=1) for h in hosts))
-
-
-def preflight(hosts: Sequence[Host], opts: SshOptions, python: str, folder: str) -> List[str]:
-    """Check every host in parallel; returns one message per host that failed."""
-    unique = distinct(hosts)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
-        results = list(pool.map(lambda h: check_host(h, opts, python, folder), unique))
-    return [r for r in results if r]
 
 
 def bind_address(hosts: Sequence[Host], opts: Optional[SshOptions] = None) -> str:

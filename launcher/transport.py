@@ -26,6 +26,7 @@ transport.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import socket
@@ -123,12 +124,18 @@ class Transport:
 
     # ---- checks and failures ----------------------------------------------------------------
 
-    def preflight(self, hosts: Sequence[Host]) -> List[str]:
-        """One message per host that cannot run a role now; [] when all can."""
-        return []
+    def preflight(self, hosts: Sequence[Host]) -> Dict[str, str]:
+        """Every machine of ``hosts`` checked (:meth:`check_host`, in parallel): what is
+        wrong with each one that cannot run a role now, by host name; {} when all can."""
+        unique = self.distinct(hosts)
+        if not unique:
+            return {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(unique))) as pool:
+            results = list(pool.map(self.check_host, unique))
+        return {h.name: r for h, r in zip(unique, results) if r}
 
-    def preflight_failed(self, failed: List[str], hosts: Sequence[Host]) -> str:
-        return f"pre-flight failed: {'; '.join(failed)}"
+    def preflight_failed(self, failed: Dict[str, str], hosts: Sequence[Host]) -> str:
+        return f"pre-flight failed: {'; '.join(failed.values())}"
 
     def check_host(self, host: Host) -> Optional[str]:
         """What is wrong with ``host`` for this job now, None if nothing."""
@@ -208,12 +215,9 @@ class SshTransport(Transport):
         return ["forwarded to every host through the SSH session's stdin (not on a command "
                 f"line): {' '.join(forwarded)}"]
 
-    def preflight(self, hosts: Sequence[Host]) -> List[str]:
-        return ssh.preflight(hosts, self.options, self.python(hosts[0]), self.config.cwd)
-
-    def preflight_failed(self, failed: List[str], hosts: Sequence[Host]) -> str:
+    def preflight_failed(self, failed: Dict[str, str], hosts: Sequence[Host]) -> str:
         return (f"SSH pre-flight failed on {len(failed)} of {len(ssh.distinct(hosts))} "
-                f"host(s), nothing was started: {'; '.join(failed)}")
+                f"host(s), nothing was started: {'; '.join(failed.values())}")
 
     def check_host(self, host: Host) -> Optional[str]:
         return ssh.check_host(host, self.options, self.python(host), self.config.cwd)

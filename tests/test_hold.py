@@ -93,11 +93,11 @@ def test_a_stranger_is_not_held(token, rank):
 def test_a_rank_held_twice_keeps_the_first():
     hold = Hold("127.0.0.1", "t0ken", 2)
     first = socket.create_connection(hold.address)
-    first.sendall(b'{"token": "t0ken", "rank": 0}\n')
+    first.sendall(b'{"type": "hold", "token": "t0ken", "rank": 0}\n')
     until(lambda: hold.held == 1)
     second = socket.create_connection(hold.address)
-    second.sendall(b'{"token": "t0ken", "rank": 0}\n')
+    second.sendall(b'{"type": "hold", "token": "t0ken", "rank": 0}\n')
     assert second.recv(100) == b""                    # closed
     assert hold.held == 1
     hold.release("/ck/x")
-    assert first.makefile("rb").readline() == b'{"resume": "/ck/x"}\n'
+    assert first.makefile("rb").readline() == b'{"type":"release","resume":"/ck/x"}\n'

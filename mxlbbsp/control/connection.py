@@ -27,7 +27,7 @@ async def listen(inbox: PeerHandler, gate: Gate, host: str, port: int,
     """The coordinator's server on (host, port), or on ``sock`` (a socket already listening,
     whose connections may have waited in its backlog): every connection a Peer behind
     ``gate``, handed to ``inbox``."""
-    loop = asyncio.get_running_loop()
     if sock is not None:
-        return await loop.create_server(lambda: Peer(inbox, gate), sock=sock, backlog=4096)
-    return await loop.create_server(lambda: Peer(inbox, gate), host, port, backlog=4096)
+        host = port = None
+    return await asyncio.get_running_loop().create_server(lambda: Peer(inbox, gate), host, port,
+                                                          sock=sock, backlog=4096)

@@ -124,7 +124,6 @@ class Coordinator:
         #: is still to be saved beside it
         self.saved: Optional[tuple] = None
         self._boundary = False           # the request was for a boundary (a graceful resize)
-        self._halted = False             # ... and was answered: the job ends here, by design
         self._state_due: Optional[int] = None
         self.state_saved: Optional[int] = None
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
@@ -217,11 +216,15 @@ class Coordinator:
             self.saved = (None, None, str(msg.get("error") or "no iteration saved"))
             return
         self.saved = (t, msg.get("path"), None)
-        self._halted = self._boundary
         if self._iteration >= t:
             self._save_state(t)
         else:
             self._state_due = t         # once every done of t is in (_finished)
+
+    @property
+    def _halted(self) -> bool:
+        """A boundary was asked for and saved: the workers end here, by design."""
+        return self._boundary and self.saved is not None and self.saved[0] is not None
 
     def _save_state(self, t: int) -> None:
         cfg = self.config

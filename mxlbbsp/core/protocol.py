@@ -70,6 +70,9 @@ RELAY = "relay"
 #: "snapshot", the last finished iteration's, at once); the worker answers ``saved``
 #: (``iteration`` and ``path``, or ``error``)
 CHECKPOINT, SAVED = "checkpoint", "saved"
+#: a worker started ahead of its job (launcher/hold.py): it says ``hold`` (its token and
+#: rank) and waits for ``release`` (``resume``: the checkpoint to resume from, or null)
+HOLD, RELEASE = "hold", "release"
 
 #: a TCP address (host, port), or a Unix socket's path ("\0NAME": the abstract namespace)
 Address = Union[Tuple[str, int], str]
@@ -238,6 +241,14 @@ def grant(iteration: int, piece: Optional[Sequence[int]]) -> Dict[str, Any]:
     offset, size, total = (None, None, None) if piece is None else (int(x) for x in piece)
     return {"type": GRANT, "iteration": iteration, "offset": offset, "size": size,
             "total": total}
+
+
+def hold(rank: int, token: str) -> Dict[str, Any]:
+    return {"type": HOLD, "rank": rank, "token": token}
+
+
+def release(resume: Optional[str]) -> Dict[str, Any]:
+    return {"type": RELEASE, "resume": resume}
 
 
 def error(message: str) -> Dict[str, Any]:

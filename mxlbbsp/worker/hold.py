@@ -7,16 +7,16 @@ iteration they continue from: the current generation saves its state at an itera
 boundary once the next one is ready. So a worker with ``MXLBBSP_HOLD`` (the launcher's
 address) connects there at its first need of that checkpoint (:func:`resume`, which
 :class:`mxlbbsp.Trainer` and :class:`mxlbbsp.DataLoader` call when they are built), says
-its token and rank, and waits for one line: ``{"resume": PATH}`` (PATH may be null: the job
-starts from scratch). The connection closing without that line means the generation was
-given up (the current one failed, or ended): the process ends at once, quietly, with 0 (it
-has touched neither the kvstore nor any file; the launcher stops it anyway).
+its token and rank (``hold``), and waits for one line: ``release`` with the checkpoint
+(``resume``; null: the job starts from scratch). The connection closing without that line
+means the generation was given up (the current one failed, or ended): the process ends at
+once, quietly, with 0 (it has touched neither the kvstore nor any file; the launcher stops
+it anyway).
 
 Outside an elastic job's next generation this is :func:`mxlbbsp.core.env.resume`.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Optional
@@ -26,21 +26,15 @@ from mxlbbsp.core import protocol as P
 
 #: how long the launcher's hold may take to accept the connection
 CONNECT_TIMEOUT_S = 30.0
-#: longest line the hold sends (a checkpoint path)
-MAX_LINE = 65536
-
-_released = False
 
 
 def resume() -> Optional[str]:
     """The checkpoint folder this worker continues from (None: from scratch), after waiting
-    at the launcher's hold when it was started ahead of its job (module docstring)."""
-    global _released
-    if not _released:
-        address = _env.hold()
-        if address is not None:
-            _wait(address)
-        _released = True
+    at the launcher's hold when it was started ahead of its job (module docstring; once:
+    the release takes MXLBBSP_HOLD out of the environment)."""
+    address = _env.hold()
+    if address is not None:
+        _wait(address)
     return _env.resume()
 
 
@@ -48,22 +42,18 @@ def _wait(address) -> None:
     try:
         sock = P.connect(address, timeout=CONNECT_TIMEOUT_S)
         sock.settimeout(None)
-        sock.sendall((json.dumps({"token": _env.get(None, _env.TOKEN),
-                                  "rank": _env.rank()}) + "\n").encode())
-        line = sock.makefile("rb").readline(MAX_LINE)
+        sock.sendall(P.encode(P.hold(_env.rank(), _env.token())))
+        line = sock.makefile("rb").readline(P.MAX_LINE)
         sock.close()
-    except OSError:
-        line = b""
-    try:
-        answer = json.loads(line) if line.endswith(b"\n") else None
-    except ValueError:
+        answer = P.decode(line) if line.endswith(b"\n") else None
+    except (OSError, P.ProtocolError):
         answer = None
-    if not isinstance(answer, dict) or "resume" not in answer:
+    if answer is None or answer["type"] != P.RELEASE:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)              # given up: nothing of this process was used
     os.environ.pop(_env.HOLD, None)          # not for the script's own children
-    if answer["resume"]:
+    if answer.get("resume"):
         os.environ[_env.RESUME] = str(answer["resume"])
     else:
         os.environ.pop(_env.RESUME, None)
