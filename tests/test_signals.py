@@ -2,6 +2,7 @@
 live readings on this machine, and how they travel (report, metrics, trace, --exog)."""
 import json
 import math
+import os
 import threading
 import time
 
@@ -320,6 +321,12 @@ def test_the_file_of_a_thread_that_ended_is_closed_when_the_threads_are_listed_a
     path = f"/proc/self/task/{ended.native_id}/schedstat"
     assert path in signals._proc_files._fds
     ended.join()
+    # join() returns when the thread's Python part is done; the kernel may list its task a
+    # moment longer (on a busy machine): wait until it does not, which proves it ended
+    deadline = time.monotonic() + 30
+    while str(ended.native_id) in os.listdir("/proc/self/task"):
+        assert time.monotonic() < deadline, "the thread's task never went"
+        time.sleep(0.01)
     s._snapshots = signals.CHILDREN_EVERY       # the next snapshot lists the threads again
     s.read()
     assert path not in signals._proc_files._fds
