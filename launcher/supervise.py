@@ -32,6 +32,10 @@ FINISH_GRACE = 0.5
 #: the same when no worker said hello to the coordinator (a script without mxlbbsp: its
 #: servers end within milliseconds if it used the kvstore, never if it did not)
 FINISH_GRACE_UNSEEN = 0.1
+#: how long a worker that lost its connection waits for its relay or hub to be seen ended
+#: (the cause, to be named) before it is named itself; also how long a failure the
+#: coordinator saw waits for a process to end, in a job with relays
+UPSTREAM_GRACE = 4.0
 
 
 class Supervisor:
@@ -47,6 +51,8 @@ class Supervisor:
         self.watch = Watch(job.config.stall_timeout, job.floors, self.started)
         #: an elastic job's watcher (launcher/elastic.py): resizes, and a failure's state
         self.elastic = getattr(job, "elastic", None)
+        #: id of a worker that lost its connection -> time.monotonic() when first seen ended
+        self._lost_since = {}
 
     def run(self) -> int:
         cfg, coord, roles = self.config, self.coordinator, self.roles
@@ -68,7 +74,8 @@ class Supervisor:
                 return failed
             if all(w.poll() == 0 for w in roles.workers):
                 return self.finish()
-            if coord.failure is not None and time.monotonic() > coord.failed_at + 2.0:
+            wait = UPSTREAM_GRACE if roles.relays or roles.hubs else 2.0
+            if coord.failure is not None and time.monotonic() > coord.failed_at + wait:
                 # e.g. a worker's connection dropped but its process (ssh) has not ended yet
                 self.output.say(f"error: {coord.failure}")
                 self._recover()
@@ -114,6 +121,8 @@ class Supervisor:
             rc = rc if rc > 0 else 128 - rc      # a transport killed by signal N: 128 + N
             if p.via.settle(p, rc):
                 continue                          # its transport is being started again
+            if self._upstream_may_say(p):
+                continue
             last_early = p.flush_early()
             p.drain_output(1.0)     # its exit hook's last line, if it wrote one
             name = p.name
@@ -137,6 +146,24 @@ class Supervisor:
                 self._recover(gone=[p.rank] if p.role == "worker" else [])
             return rc
         return None
+
+    def _upstream_may_say(self, p) -> bool:
+        """Whether a worker that ended because it lost its connection waits a moment for its
+        relay or hub: killed, that one ends its workers too, and over SSH their exits may come
+        in before its own. The cause is named, not the first worker seen (UPSTREAM_GRACE)."""
+        if p.role != "worker":
+            return False
+        p.drain_output(1.0)
+        said = p.said
+        text = " ".join(x for x in (said.exit_reason, said.error_line, said.last_stderr) if x)
+        if "CoordinatorLost" not in text:
+            return False
+        upstream = [q for q in self.roles.hubs + self.roles.relays
+                    if q.poll() is None and (q.role == "hub" or q.host == p.host)]
+        if not upstream:
+            return False
+        first = self._lost_since.setdefault(id(p), time.monotonic())
+        return time.monotonic() - first < UPSTREAM_GRACE
 
     def _recover(self, gone=()) -> None:
         """A failure in an elastic job (or one with --restarts): a survivor saves the state
