@@ -351,18 +351,19 @@ def test_launcher_and_its_sruns_killed_leave_nothing(cluster):
 
 
 def test_an_elastic_job_shrinks_off_a_drained_node_without_a_restart(cluster, tmp_path):
-    """--min-workers inside an allocation makes the job elastic over its nodes: n2 drained
-    mid-job, the next generation starts on n1 while the job trains on, the job saves at an
-    iteration boundary and goes on on n1 alone, no iteration lost (no restart from a
-    periodic checkpoint), and ends with the independent reference's parameters (slow
-    iterations: the job still runs when the next generation is ready)."""
+    """--min-np (horovodrun's name of --min-workers) inside an allocation makes the job
+    elastic over its nodes: n2 drained mid-job, the next generation starts on n1 while the
+    job trains on, the job saves at an iteration boundary and goes on on n1 alone, no
+    iteration lost (no restart from a periodic checkpoint), and ends with the independent
+    reference's parameters (slow iterations: the job still runs when the next generation
+    is ready)."""
     from reference import difference
     marker = uuid.uuid4().hex
     job = tmp_path / "job"
     job.mkdir()
     script = ROOT / "tests" / "scripts" / "ledger_train.py"
     argv = salloc_argv(["-N", 2, "-n", 2, "--overcommit"],
-                       ["launch", "--min-workers", 1, "--discovery-interval", 1,
+                       ["launch", "--min-np", 1, "--discovery-interval", 1,
                         "--checkpoint-dir", tmp_path / "ckpt", "--emulate-compute", 2,
                         "--metrics", job / "m.jsonl", "--", PY, script, job, "--samples",
                         4000, "--epochs", 6], marker)
