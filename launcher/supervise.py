@@ -148,18 +148,20 @@ class Supervisor:
         return None
 
     def _upstream_may_say(self, p) -> bool:
-        """Whether a worker that ended because it lost its connection waits a moment for its
-        relay or hub: killed, that one ends its workers too, and over SSH their exits may come
-        in before its own. The cause is named, not the first worker seen (UPSTREAM_GRACE)."""
-        if p.role != "worker":
+        """Whether a worker (a relay) that ended because it lost its connection waits a moment
+        for its relay or a hub (a hub): killed, that one ends the processes behind it too,
+        and over SSH their exits may come in before its own. The cause is named, not the
+        first process seen (UPSTREAM_GRACE)."""
+        if p.role not in ("worker", "relay"):
             return False
         p.drain_output(1.0)
         said = p.said
         text = " ".join(x for x in (said.exit_reason, said.error_line, said.last_stderr) if x)
-        if "CoordinatorLost" not in text:
+        if "connection to the coordinator" not in text:
             return False
         upstream = [q for q in self.roles.hubs + self.roles.relays
-                    if q.poll() is None and (q.role == "hub" or q.host == p.host)]
+                    if q.poll() is None and q is not p
+                    and (q.role == "hub" or (p.role == "worker" and q.host == p.host))]
         if not upstream:
             return False
         first = self._lost_since.setdefault(id(p), time.monotonic())
