@@ -326,6 +326,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         restarts=restarts, host_discovery_script=host_discovery_script,
         min_workers=min_workers, max_workers=max_workers,
         discovery_interval=discovery_interval, start_ahead=start_ahead)
+    config.preflight()          # the machine's part, once: nothing has started yet
     if config.elastic:
         return run_elastic(config)
     return run_job(config)

@@ -1,14 +1,22 @@
-"""LaunchConfig: everything `mxlbbsp launch` was asked to do, validated in one place.
+"""LaunchConfig: everything `mxlbbsp launch` was asked to do, as one validated value.
 
-Configuration flows one way: CLI options -> :class:`LaunchConfig` (``__post_init__`` checks
-it and raises :class:`ConfigError` with a one-line message that says what to do) -> the
-:class:`~mxlbbsp.launcher.job.Job` that runs it. The Python API builds the same dataclass.
+Configuration flows one way: CLI options -> :class:`LaunchConfig` -> the
+:class:`~mxlbbsp.launcher.job.Job` that runs it. Constructing it checks the values alone
+(``__post_init__``, a few named checks, each raising :class:`ConfigError` with a one-line
+message that says what to do); what needs the machine (the hostfile, the output folders and
+their write probes, tensorboardX, --ssh-identity's file, --ps-interface's addresses, the
+discovery script, the checkpoint to resume) is :meth:`LaunchConfig.preflight`'s, called once
+by the CLI before anything starts. After it the value is not changed: a job sizes its own
+copy (:meth:`LaunchConfig.for_workers`), and :meth:`LaunchConfig.coordinator_config` is its
+one translation into the coordinator's configuration. The Python API builds the same
+dataclass.
 
 (Long, on purpose: one dataclass and its checks, each a few lines that name the option and
 what to do; split, they would only be read together.)
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import errno
 import math
@@ -250,16 +258,38 @@ class LaunchConfig:
     #: auto: through hubs from HUB_FROM relays
     hubs: str = "auto"
     cwd: str = dataclasses.field(default_factory=_cwd)
-    #: per-rank slowdown schedules, filled in by validation
+    #: per-rank slowdown schedules, for the job's number of workers (:meth:`for_workers`)
     slowdown: List[Schedule] = dataclasses.field(default_factory=list, repr=False)
     #: the report fields the predictor sees, from ``exog`` by validation
     exog_columns: tuple = dataclasses.field(default=(), repr=False)
     #: the report columns every worker reads (--signals and --exog), by validation
     signal_columns: tuple = dataclasses.field(default=(), repr=False)
-    #: the hosts of -H (a hostfile or an inline list), by validation; [] without -H
+    #: the hosts of -H (a hostfile or an inline list), read by :meth:`preflight`; [] without -H
     hosts: List[Host] = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self):
+        """Checks of the values alone, each raising ConfigError with the option and what to
+        do. Nothing here touches the machine (files, folders, network interfaces, optional
+        packages): that is :meth:`preflight`'s, once, before anything starts."""
+        self.command = list(self.command or [])
+        self.mode_options = {k: v for k, v in self.mode_options.items() if v is not None}
+        self._check_processes()
+        self._check_hosts()
+        self._check_sync_mode()
+        self._check_balancing()
+        self._check_emulation()
+        self._check_batch_bounds()
+        self._check_timeouts()
+        self._check_ssh()
+        if self.bind is not None and not self.bind.strip():
+            raise ConfigError("--bind needs an address this machine listens on")
+        self._check_elastic()
+        if self.num_workers is not None:
+            self.check_workers(self.num_workers)
+        self._check_checkpoints()
+
+    def _check_processes(self) -> None:
+        """The command, the numbers of workers and servers, the relays and hubs."""
         if self.relay not in RELAY_CHOICES:
             raise ConfigError(f"--relay {self.relay!r}: choose one of {', '.join(RELAY_CHOICES)}")
         if self.hubs not in HUB_CHOICES:
@@ -267,7 +297,6 @@ class LaunchConfig:
         if self.hubs == "on" and self.relay == "off":
             raise ConfigError("--hubs on carries the relays' messages, and --relay off starts "
                               "none: give --relay on (or auto), or leave --hubs out")
-        self.command = list(self.command or [])
         if not self.command:
             raise ConfigError("missing the command to run: put it after --, e.g. "
                               "mxlbbsp launch -n 2 -- python train.py")
@@ -283,25 +312,25 @@ class LaunchConfig:
         if self.num_servers > MAX_WORKERS:
             raise ConfigError(f"-s/--num-servers {self.num_servers}: at most {MAX_WORKERS} "
                               "servers")
-        if self.hostfile is not None:
-            self.hosts = parse_hosts(self.hostfile)
-            slots = sum(h.slots for h in self.hosts)
-            if self.num_workers is None and slots > MAX_WORKERS:
-                raise ConfigError(f"-H {self.hostfile}: {slots} slots in all, at most "
-                                  f"{MAX_WORKERS} workers; give -n N")
-        elif self.host_discovery_script is None:
-            given = [flag for flag, value in (
-                ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
-                ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
-                if value]
-            if given:
-                raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
-                                  "runs on this machine, no SSH; give the hosts with -H "
-                                  "(a hostfile or host1:slots,host2:slots)")
+
+    def _check_hosts(self) -> None:
+        """The SSH options need hosts to go to (the hostfile itself is read by preflight)."""
+        if self.hostfile is not None or self.host_discovery_script is not None:
+            return
+        given = [flag for flag, value in (
+            ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
+            ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
+            if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
+                              "runs on this machine, no SSH; give the hosts with -H "
+                              "(a hostfile or host1:slots,host2:slots)")
+
+    def _check_sync_mode(self) -> None:
+        """--sync and the modes' own options: known, the chosen mode's, and consistent."""
         if self.sync not in modes.available():
             raise ConfigError(f"--sync {self.sync!r}: choose one of {', '.join(modes.available())}")
         known = modes.all_options()
-        self.mode_options = {k: v for k, v in self.mode_options.items() if v is not None}
         unknown = [flag for flag in self.mode_options if flag not in known]
         if unknown:
             raise ConfigError(f"{unknown[0]}: not an option of any sync mode")
@@ -314,6 +343,9 @@ class LaunchConfig:
         problem = modes.get(self.sync).check_options(self.sync_options)
         if problem:
             raise ConfigError(problem)
+
+    def _check_balancing(self) -> None:
+        """The predictor, the time model, their inputs and the threshold."""
         if self.predictor not in predictors.available():
             raise ConfigError(f"--predictor {self.predictor!r}: choose one of "
                               f"{', '.join(predictors.available())}")
@@ -331,6 +363,10 @@ class LaunchConfig:
         if self.predictor == "oracle" and not self.emulate_slowdown:
             raise ConfigError("--predictor oracle knows the emulated slowdowns, so it needs "
                               "--emulate-slowdown")
+
+    def _check_emulation(self) -> None:
+        """--emulate-compute (the slowdown's spec needs the number of workers: see
+        :meth:`for_workers`)."""
         if self.emulate_compute is not None and not self.emulate_compute >= 0:
             raise ConfigError(f"--emulate-compute {self.emulate_compute}: must be >= 0 ms per "
                               "sample")
@@ -338,6 +374,9 @@ class LaunchConfig:
         if self.emulate_compute is not None and self.emulate_compute > MAX_SAMPLE_MS:
             raise ConfigError(f"--emulate-compute {self.emulate_compute:g}: at most "
                               f"{MAX_SAMPLE_MS:g} ms (a minute) of emulated compute per sample")
+
+    def _check_batch_bounds(self) -> None:
+        """--min-batch-size and --max-batch-size: at least 1, in order."""
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ConfigError(f"--max-batch-size must be at least 1 (got {self.max_batch_size})")
         if self.min_batch_size is not None and self.min_batch_size < 1:
@@ -346,14 +385,9 @@ class LaunchConfig:
                 and self.min_batch_size > self.max_batch_size:
             raise ConfigError(f"--min-batch-size {self.min_batch_size} is above --max-batch-size "
                               f"{self.max_batch_size}; give a minimum <= the maximum")
-        if self.tensorboard is not None:
-            try:
-                import tensorboardX  # noqa: F401
-            except ImportError:
-                raise ConfigError("--tensorboard needs tensorboardX: pip install "
-                                  "tensorboardX (see requirements.txt)") from None
-            check_output_dir(self.tensorboard, "--tensorboard", create=not self.dry_run)
-        _finite(self.emulate_compute, "--emulate-compute", "milliseconds per sample")
+
+    def _check_timeouts(self) -> None:
+        """--progress, --stall-timeout and --start-timeout: finite, not negative."""
         _finite(self.progress, "--progress", "seconds between progress lines, 0 for none")
         _finite(self.stall_timeout, "--stall-timeout", "seconds")
         _finite(self.start_timeout, "--start-timeout", "seconds")
@@ -364,28 +398,66 @@ class LaunchConfig:
                               "(0 or off turns stall detection off)")
         if self.start_timeout <= 0:
             raise ConfigError("--start-timeout must be a positive number of seconds")
+
+    def _check_ssh(self) -> None:
+        """--ssh-port in range (--ssh-identity's file is preflight's)."""
         if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
             raise ConfigError(f"--ssh-port {self.ssh_port}: must be in 1..65535")
+
+    def preflight(self) -> None:
+        """What only this machine can tell, checked once before anything starts (ConfigError,
+        the same one line as every check): the hostfile is read into ``hosts``; --tensorboard
+        needs tensorboardX; --ssh-identity and --host-discovery-script must be files (the
+        script executable); --metrics, --log-dir, --tensorboard and --checkpoint-dir must
+        take writes (the folders are made here, except with --dry-run, which creates
+        nothing); --ps-interface must have an IPv4 address here (--bind one of them);
+        --resume must hold a checkpoint; and with -n, --emulate-slowdown (a CSV trace is a
+        file) must fit that many workers."""
+        if self.hostfile is not None:
+            self.hosts = parse_hosts(self.hostfile)
+            slots = sum(h.slots for h in self.hosts)
+            if self.num_workers is None and slots > MAX_WORKERS:
+                raise ConfigError(f"-H {self.hostfile}: {slots} slots in all, at most "
+                                  f"{MAX_WORKERS} workers; give -n N")
+        create = not self.dry_run
+        if self.tensorboard is not None:
+            try:
+                import tensorboardX  # noqa: F401
+            except ImportError:
+                raise ConfigError("--tensorboard needs tensorboardX: pip install "
+                                  "tensorboardX (see requirements.txt)") from None
+            check_output_dir(self.tensorboard, "--tensorboard", create=create)
         if self.ssh_identity is not None and not os.path.isfile(self.ssh_identity):
             raise ConfigError(f"--ssh-identity {self.ssh_identity!r}: no such file")
         if self.metrics:
             check_output_file(self.metrics, "--metrics")
         if self.log_dir:
-            check_output_dir(self.log_dir, "--log-dir", create=not self.dry_run)
-        if self.bind is not None and not self.bind.strip():
-            raise ConfigError("--bind needs an address this machine listens on")
+            check_output_dir(self.log_dir, "--log-dir", create=create)
         if self.ps_interface is not None:
             addresses = interface_addresses(self.ps_interface)
             if self.bind is not None and self.bind not in addresses:
                 raise ConfigError(f"--bind {self.bind} is not an address of --ps-interface "
                                   f"{self.ps_interface} ({', '.join(addresses)}); drop --bind "
                                   "(the interface's address is the default) or give one of those")
-        self._check_elastic()
+        script = self.host_discovery_script
+        if script is not None:
+            full = os.path.join(self.cwd, script)
+            if not os.path.isfile(full):
+                raise ConfigError(f"--host-discovery-script {script!r}: no such file")
+            if not os.access(full, os.X_OK):
+                raise ConfigError(f"--host-discovery-script {script!r} is not executable; "
+                                  f"chmod +x {script}")
+            self.host_discovery_script = os.path.abspath(full)
+        if self.checkpoint_dir:
+            check_output_dir(self.checkpoint_dir, "--checkpoint-dir", create=create)
+        if self.resume is not None and _store.latest(self.resume) is None:
+            what = "does not exist" if not os.path.isdir(self.resume) else (
+                "is empty" if not os.listdir(self.resume) else
+                "holds no complete mxlbbsp checkpoint (ckpt-NNNNNNNN/manifest.json)")
+            raise ConfigError(f"--resume {self.resume}: the folder {what}; give a folder "
+                              "written with --checkpoint-dir, or one of its ckpt-* folders")
         if self.num_workers is not None:
-            self.check_workers(self.num_workers)
-        self._check_checkpoints()
-        if self.num_workers is not None:
-            self.resolve_slowdown(self.num_workers)
+            self._slowdown(self.num_workers)
 
     @property
     def recovers(self) -> bool:
@@ -402,6 +474,7 @@ class LaunchConfig:
             self.min_workers is not None or self.max_workers is not None)
 
     def _check_elastic(self) -> None:
+        """An elastic job's hosts, bounds and checkpoints (the script's file is preflight's)."""
         if not self.elastic:
             return
         script = self.host_discovery_script
@@ -409,17 +482,9 @@ class LaunchConfig:
             raise ConfigError("--min-workers/--max-workers make a job elastic over the hosts "
                               "of --host-discovery-script (or of a SLURM allocation): give the "
                               "script, e.g. --host-discovery-script ./hosts.sh")
-        if script is not None:
-            if self.hostfile is not None:
-                raise ConfigError("-H and --host-discovery-script both give the hosts: give one "
-                                  "(the script's hosts change while the job runs)")
-            full = os.path.join(self.cwd, script)
-            if not os.path.isfile(full):
-                raise ConfigError(f"--host-discovery-script {script!r}: no such file")
-            if not os.access(full, os.X_OK):
-                raise ConfigError(f"--host-discovery-script {script!r} is not executable; "
-                                  f"chmod +x {script}")
-            self.host_discovery_script = os.path.abspath(full)
+        if script is not None and self.hostfile is not None:
+            raise ConfigError("-H and --host-discovery-script both give the hosts: give one "
+                              "(the script's hosts change while the job runs)")
         if self.num_workers is not None:
             raise ConfigError("-n with an elastic job: the job takes every slot its hosts "
                               "have, between --min-workers and --max-workers; give those "
@@ -454,7 +519,7 @@ class LaunchConfig:
             raise ConfigError(problem)
 
     def _check_checkpoints(self) -> None:
-
+        """--checkpoint-dir, --checkpoint-every, --restarts and --resume: their needs."""
         if self.checkpoint_every is not None and not self.checkpoint_dir:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir DIR (where to write)")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
@@ -470,19 +535,13 @@ class LaunchConfig:
             raise ConfigError(f"--sync {self.sync} cannot checkpoint yet (asp and r2sp update "
                               "on the servers, whose optimizer state cannot be saved; courier's "
                               f"plan is not saved); checkpoints need --sync {able}")
+        # relative to the launch's folder (a string's work: the folders are preflight's)
         if self.checkpoint_dir:
             self.checkpoint_dir = os.path.abspath(os.path.join(self.cwd, self.checkpoint_dir))
-            check_output_dir(self.checkpoint_dir, "--checkpoint-dir", create=not self.dry_run)
             if self.checkpoint_every is None:
                 self.checkpoint_every = 100
         if self.resume is not None:
             self.resume = os.path.abspath(os.path.join(self.cwd, self.resume))
-            if _store.latest(self.resume) is None:
-                what = "does not exist" if not os.path.isdir(self.resume) else (
-                    "is empty" if not os.listdir(self.resume) else
-                    "holds no complete mxlbbsp checkpoint (ckpt-NNNNNNNN/manifest.json)")
-                raise ConfigError(f"--resume {self.resume}: the folder {what}; give a folder "
-                                  "written with --checkpoint-dir, or one of its ckpt-* folders")
 
     def resume_from(self) -> Optional[str]:
         """The checkpoint this launch starts from: the newest in --resume, else the newest in
@@ -510,18 +569,31 @@ class LaunchConfig:
             checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every or 0,
             resume_manifest=manifest, resume_state=state)
 
-    def resolve_slowdown(self, num_workers: int) -> None:
-        """Parse --emulate-slowdown for ``num_workers`` (known late with a hostfile)."""
+    def for_workers(self, num_workers: int) -> "LaunchConfig":
+        """This configuration for a job of ``num_workers`` (known once its hosts are): a copy,
+        with the sync mode's options checked against that number and --emulate-slowdown
+        resolved for it. The launch's own value never changes: each restart and each
+        generation of an elastic job sizes its own copy. (A copy, not dataclasses.replace:
+        replace would check the whole value again, and an elastic launch refuses a given
+        number of workers, which this one is not.)"""
+        slowdown = self._slowdown(num_workers)
+        self.check_workers(num_workers)
+        sized = copy.copy(self)
+        sized.num_workers, sized.slowdown = num_workers, slowdown
+        return sized
+
+    def _slowdown(self, num_workers: int) -> List[Schedule]:
+        """--emulate-slowdown for ``num_workers`` (a CSV trace is read)."""
         if not self.emulate_slowdown:
-            self.slowdown = [Schedule() for _ in range(num_workers)]
-            return
+            return [Schedule() for _ in range(num_workers)]
         try:
-            self.slowdown = parse_slowdown(self.emulate_slowdown, num_workers)
+            slowdown = parse_slowdown(self.emulate_slowdown, num_workers)
         except SlowdownError as exc:
             raise ConfigError(str(exc)) from None
-        if self.predictor == "oracle" and any(s.timed for s in self.slowdown):
+        if self.predictor == "oracle" and any(s.timed for s in slowdown):
             raise ConfigError("--predictor oracle reads the slowdown ahead by iteration; give "
                               "a trace with an iteration column, not time_s")
+        return slowdown
 
     def check_command_locally(self) -> None:
         """The command must exist here, be executable, and (``python SCRIPT``) have its

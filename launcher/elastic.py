@@ -24,7 +24,7 @@ the pre-flight, less the hosts given notice.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional
@@ -397,16 +397,15 @@ def generation_config(config, first: bool):
     while this one runs): its number of workers comes from its hosts, and after the first
     it resumes from the newest checkpoint in --checkpoint-dir (the state saved at the
     boundary or after a failure), not from --resume's."""
-    cfg = copy.copy(config)
-    cfg.num_workers = None
-    if not first:
-        cfg.resume = None
-    return cfg
+    if first:
+        return dataclasses.replace(config, num_workers=None)
+    return dataclasses.replace(config, num_workers=None, resume=None)
 
 
 def run_elastic(config) -> int:
     """An elastic job to its end: generations of :class:`~.job.Job` on the hosts of the
-    moment, joined by resizes (module docstring); the exit code of the last."""
+    moment, joined by resizes (module docstring), each on its own copy of ``config`` (which
+    has passed its preflight); the exit code of the last."""
     import time
 
     from .job import NO_RESTART, Job, _finished

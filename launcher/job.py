@@ -19,6 +19,7 @@ modules.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import secrets
@@ -97,7 +98,6 @@ class Job:
 
     def __init__(self, config: LaunchConfig, output: Optional[Output] = None,
                  hosts: Optional[List[Host]] = None):
-        self.config = config
         self.output = output or Output(None if config.dry_run else config.log_dir)
         self.reason: Optional[str] = None        # why the job failed, in a few words
         self.since: Optional[float] = None       # monotonic start of the first attempt
@@ -124,9 +124,9 @@ class Job:
         slots = sum(h.slots for h in self.hosts)
         if n > slots:
             raise ConfigError(self.transport.too_many_workers(n, slots))
-        config.num_workers = n
-        config.resolve_slowdown(n)
-        config.check_workers(n)
+        # the transport sized the job from the configuration as given; from here on the
+        # job's own copy, for its n workers (the launch's is shared by its restarts)
+        self.config = config = config.for_workers(n)
         self.placement: Placement = place(self.hosts, n, config.num_servers)
         self.token = secrets.token_hex(16)
         self.bind = config.bind         # None: the transport's (see _resolve_bind)
@@ -400,8 +400,9 @@ def _finished(job: Job) -> Optional[int]:
 
 
 def run_job(config: LaunchConfig) -> int:
-    """Run the job; with ``--restarts N``, start it again from the latest checkpoint after a
-    failure, up to N times, printing what happened and why."""
+    """Run the job of ``config`` (after its :meth:`~.config.LaunchConfig.preflight`); with
+    ``--restarts N``, start it again from the latest checkpoint after a failure, up to N
+    times, printing what happened and why."""
     requested = config.num_workers
     since = time.monotonic()
     job = Job(config)
@@ -417,23 +418,21 @@ def run_job(config: LaunchConfig) -> int:
             job.output.say(f"no restart: no checkpoint was written to {config.checkpoint_dir} "
                            "before the failure")
             return rc
-        hosts, dropped = None, []
-        config.num_workers = requested
-        config.resume = None               # the newest checkpoint is in --checkpoint-dir
         hosts, dropped = _reachable(job)        # hosts may be gone: leave them out
         if not hosts:
             job.output.say("no restart: no host passes the pre-flight "
                            f"({'; '.join(dropped)})")
             return rc
         slots = sum(h.slots for h in hosts)
-        config.num_workers = min(requested or slots, slots)
-        n = config.num_workers
+        n = min(requested or slots, slots)
         why = "; ".join(dropped) or job.reason or f"exit code {rc}"
         iteration = _store.read_manifest(latest)["iteration"] + 1
         job.output.say(f"restart {attempt}/{config.restarts} from iteration {iteration} on "
                        f"{n} worker(s) ({why})")
         launch_start = job.launch_start
-        job = Job(config, output=job.output, hosts=hosts)
+        # the attempt's own copy: the newest checkpoint is in --checkpoint-dir, not --resume
+        retry = dataclasses.replace(config, num_workers=n, resume=None)
+        job = Job(retry, output=job.output, hosts=hosts)
         job.since, job.attempt, job.launch_start = since, attempt, launch_start
         rc = job.run()
     return rc
