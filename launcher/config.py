@@ -274,13 +274,12 @@ class LaunchConfig:
         self.command = list(self.command or [])
         self.mode_options = {k: v for k, v in self.mode_options.items() if v is not None}
         self._check_processes()
-        self._check_hosts()
+        self._check_ssh()
         self._check_sync_mode()
         self._check_balancing()
         self._check_emulation()
         self._check_batch_bounds()
         self._check_timeouts()
-        self._check_ssh()
         if self.bind is not None and not self.bind.strip():
             raise ConfigError("--bind needs an address this machine listens on")
         self._check_elastic()
@@ -312,19 +311,6 @@ class LaunchConfig:
         if self.num_servers > MAX_WORKERS:
             raise ConfigError(f"-s/--num-servers {self.num_servers}: at most {MAX_WORKERS} "
                               "servers")
-
-    def _check_hosts(self) -> None:
-        """The SSH options need hosts to go to (the hostfile itself is read by preflight)."""
-        if self.hostfile is not None or self.host_discovery_script is not None:
-            return
-        given = [flag for flag, value in (
-            ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
-            ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
-            if value]
-        if given:
-            raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
-                              "runs on this machine, no SSH; give the hosts with -H "
-                              "(a hostfile or host1:slots,host2:slots)")
 
     def _check_sync_mode(self) -> None:
         """--sync and the modes' own options: known, the chosen mode's, and consistent."""
@@ -400,7 +386,17 @@ class LaunchConfig:
             raise ConfigError("--start-timeout must be a positive number of seconds")
 
     def _check_ssh(self) -> None:
-        """--ssh-port in range (--ssh-identity's file is preflight's)."""
+        """The SSH options need hosts to go to, and --ssh-port a port (the hostfile and
+        --ssh-identity's file are preflight's)."""
+        if self.hostfile is None and self.host_discovery_script is None:
+            given = [flag for flag, value in (
+                ("--ssh-port", self.ssh_port), ("--ssh-identity", self.ssh_identity),
+                ("--ssh-option", self.ssh_options), ("--remote-python", self.remote_python))
+                if value]
+            if given:
+                raise ConfigError(f"{', '.join(given)} without -H: without hosts everything "
+                                  "runs on this machine, no SSH; give the hosts with -H "
+                                  "(a hostfile or host1:slots,host2:slots)")
         if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
             raise ConfigError(f"--ssh-port {self.ssh_port}: must be in 1..65535")
 
