@@ -103,8 +103,8 @@ def test_a_later_generation_resumes_from_the_checkpoint_dir_not_from_resume(tmp_
     script.write_text("#!/bin/sh\necho 127.0.0.1\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     config = LaunchConfig(command=["x"], host_discovery_script=str(script),
-                          checkpoint_dir=str(tmp_path / "ck"))
-    config.resume = str(tmp_path / "old")          # (checked at launch: not the point here)
+                          checkpoint_dir=str(tmp_path / "ck"),
+                          resume=str(tmp_path / "old"))     # (its folder: preflight's)
     first, later = generation_config(config, True), generation_config(config, False)
     assert first.resume == config.resume == str(tmp_path / "old")
     assert later.resume is None and later.checkpoint_dir == str(tmp_path / "ck")
