@@ -341,7 +341,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
     with tempfile.TemporaryDirectory() as tmp:
         options = {"predictor": predictor} if predictor else {}
         config = CoordinatorConfig(num_workers=n, token=token, sync="lbbsp",
-                                   metrics_path=os.path.join(tmp, "m.jsonl") if metrics
+                                   metrics=os.path.join(tmp, "m.jsonl") if metrics
                                    else None, **options)
         coord = Coordinator(config)
         spent = _instrument(coord) if instrument else None

@@ -557,9 +557,9 @@ class LaunchConfig:
         return CoordinatorConfig(
             num_workers=self.num_workers, token=token, sync=self.sync,
             predictor=self.predictor, time_model=self.time_model, threshold=self.threshold,
-            exog=self.exog_columns, max_batch=self.max_batch_size,
-            min_batch=self.min_batch_size, tensorboard_dir=self.tensorboard,
-            metrics_path=self.metrics, host=host, sock=sock, slowdown=self.slowdown,
+            exog=self.exog_columns, max_batch_size=self.max_batch_size,
+            min_batch_size=self.min_batch_size, tensorboard=self.tensorboard,
+            metrics=self.metrics, host=host, sock=sock, slowdown=self.slowdown,
             sync_options=self.sync_options,
             started=launch_clock(),      # the deadline counts from the launch
             checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every or 0,

@@ -163,7 +163,7 @@ class Job:
         self.mode = modes.get(s.sync)
         self.coordinator = Coordinator(CoordinatorConfig(
             num_workers=s.n, token=TOKEN, sync=s.sync, predictor="last", exog=(),
-            time_model=s.time_model, max_batch=s.max_batch, min_batch=s.min_batch,
+            time_model=s.time_model, max_batch_size=s.max_batch, min_batch_size=s.min_batch,
             sync_options={k: v for k, v in s.options().items() if v is not None},
             resume_manifest=manifest, resume_state=state))
         self.plan = epochs.EpochPlan(s.N, s.B, s.last_batch)

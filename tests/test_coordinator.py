@@ -23,7 +23,7 @@ def coordinator(request, tmp_path):
     made = []
 
     def make(n, **kw):
-        kw.setdefault("metrics_path", str(tmp_path / "m.jsonl"))
+        kw.setdefault("metrics", str(tmp_path / "m.jsonl"))
         c = Coordinator(CoordinatorConfig(num_workers=n, token=TOKEN, **kw))
         c.start()
         made.append(c)
@@ -54,7 +54,7 @@ def finished_records(c):
     mxlbbsp.core.metrics.load, which also checks every record's required fields)."""
     assert c.finished.wait(5)
     c.stop()
-    return metrics.load(c.config.metrics_path)
+    return metrics.load(c.config.metrics)
 
 
 def run_iteration(sessions_, compute, B=64):
@@ -129,7 +129,7 @@ def test_a_short_last_batch_is_split_for_its_own_size(coordinator):
     own size (rank 0's loader announces B(t+2)), within every worker's least batch
     (--min-batch-size 8): a split of 64 (3:1 here) scaled down by each worker gives the slow
     one 5; and the slices tile every global batch, the next epoch's too."""
-    c = coordinator(2, predictor="last", min_batch=8)
+    c = coordinator(2, predictor="last", min_batch_size=8)
     plan = [64, 64, 64, 64, 20]
     ss, errors = sessions(c, 2, B=64, N=4 * 64 + 20, min_global_batch=20)
     assert not errors
@@ -254,7 +254,7 @@ def test_losing_a_worker_is_a_failure(coordinator):
 def test_metrics_file_is_not_touched_when_registration_fails(coordinator, tmp_path):
     path = tmp_path / "keep.jsonl"
     path.write_text("precious\n")
-    c = coordinator(2, metrics_path=str(path))
+    c = coordinator(2, metrics=str(path))
     sessions(c, 2, B=1, N=100, min_global_batch=1)
     c.stop()
     assert path.read_text() == "precious\n"

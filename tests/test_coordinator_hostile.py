@@ -107,7 +107,7 @@ def test_refusal_warnings_are_rate_limited(coordinator, caplog, monkeypatch):
 def test_a_metrics_write_that_fails_later_fails_the_job_in_one_line(coordinator):
     """/dev/full opens, then every write fails with ENOSPC, as a file system that fills up
     during the run: the job stops with one line naming the file, not "lost connection"."""
-    c = coordinator(2, metrics_path="/dev/full")
+    c = coordinator(2, metrics="/dev/full")
     ss, errors = sessions(c, 2)
     assert not errors
     with pytest.raises(JobAborted):

@@ -85,7 +85,7 @@ def test_logged_values_land_in_their_iteration_and_in_tensorboard(coordinator, t
     iteration; TensorBoard's own reader finds the batch-weighted mean per iteration and each
     worker's speed and batch size."""
     tb = tmp_path / "tb"
-    c = coordinator(2, sync="bsp", predictor="last", tensorboard_dir=str(tb))
+    c = coordinator(2, sync="bsp", predictor="last", tensorboard=str(tb))
     ss, errors = sessions(c, 2, sync="bsp")
     assert not errors
     for t in range(4):
@@ -236,7 +236,7 @@ def test_the_default_minimum_batch_keeps_batchnorm_models_sane():
 
 
 def test_min_batch_size_above_the_equal_share_is_refused_at_registration(coordinator):
-    c = coordinator(2, sync="lbbsp", min_batch=40)
+    c = coordinator(2, sync="lbbsp", min_batch_size=40)
     ss, errors = sessions(c, 2, B=64)
     assert c.failure_kind == "config"
     assert c.failure == ("--min-batch-size 40 is more than the global batch size 64 / 2 "
@@ -245,7 +245,7 @@ def test_min_batch_size_above_the_equal_share_is_refused_at_registration(coordin
 
 
 def test_min_batch_size_holds_for_a_much_slower_worker(coordinator):
-    c = coordinator(2, sync="lbbsp", predictor="last", min_batch=6, time_model="linear")
+    c = coordinator(2, sync="lbbsp", predictor="last", min_batch_size=6, time_model="linear")
     ss, errors = sessions(c, 2, B=64)
     assert not errors
     sizes = []
@@ -263,7 +263,7 @@ def test_min_batch_size_holds_for_a_much_slower_worker(coordinator):
 
 
 def test_min_batch_size_above_couriers_smallest_batch_is_refused(coordinator):
-    c = coordinator(2, sync="courier", min_batch=40,
+    c = coordinator(2, sync="courier", min_batch_size=40,
                     sync_options={"deadline": "60s", "epochs": 1, "batch_range": "64:512"})
     sessions(c, 2, B=64, sync="courier")
     assert c.failure_kind == "config" and c.failure.startswith(

@@ -179,7 +179,7 @@ def job(tmp_path):
     made = []
 
     def make(n, hosts, sync="lbbsp", hub=False, **kw):
-        kw.setdefault("metrics_path", str(tmp_path / f"m{len(made)}.jsonl"))
+        kw.setdefault("metrics", str(tmp_path / f"m{len(made)}.jsonl"))
         c = Coordinator(CoordinatorConfig(num_workers=n, token=TOKEN, sync=sync, **kw))
         c.start()
         made.append(c)
@@ -221,7 +221,7 @@ def test_workers_behind_relays_are_balanced_and_recorded_like_direct_ones(job):
         s.close()
     assert c.finished.wait(5) and c.failure is None
     c.stop()
-    rows = metrics.load(c.config.metrics_path)
+    rows = metrics.load(c.config.metrics)
     assert [(r["iteration"], r["rank"]) for r in rows] == [(t, r) for t in range(6)
                                                          for r in range(5)]
     assert all(r["wait_s"] is not None and r["runq"] is not None for r in rows)
@@ -294,7 +294,7 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=Fal
     c.stop()
     keep = ("iteration", "rank", "batch_size", "compute_s", "predicted_speed", "wait_s",
             "runq", "fallbacks") + (("scalars",) if log else ())
-    return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics_path)]
+    return splits, [{k: r[k] for k in keep} for r in metrics.load(c.config.metrics)]
 
 
 def _through(hosts, config, hub=False, **feed):
@@ -326,7 +326,7 @@ def test_the_same_reports_give_the_same_splits_and_records_through_relays(tmp_pa
     results = []
     for hosts in ([1] * 6, [3, 3], [4, 1, 1]):
         config = CoordinatorConfig(num_workers=6, token=TOKEN,
-                                   metrics_path=str(tmp_path / f"{len(results)}.jsonl"))
+                                   metrics=str(tmp_path / f"{len(results)}.jsonl"))
         results.append(_through(hosts, config)[0])
     assert results[0][0][-1] != results[0][0][0]         # it did rebalance
     assert results[1] == results[0] and results[2] == results[0]
@@ -342,7 +342,7 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
         folder = tmp_path / f"ckpt{len(runs)}"
         config = CoordinatorConfig(num_workers=6, token=TOKEN, checkpoint_dir=str(folder),
                                    checkpoint_every=10,
-                                   metrics_path=str(tmp_path / f"{len(runs)}.jsonl"))
+                                   metrics=str(tmp_path / f"{len(runs)}.jsonl"))
         hub = hosts in ("hub", "hub2")      # 3 + 3, or 2 + 3 and one direct, through a hub
         hosts = {"hub": [3, 3], "hub2": [2, 3, 1]}[hosts] if hub else hosts
         runs[key], c, relays = _through(hosts, config, hub=hub, iterations=40, late=(2, 5))
@@ -375,7 +375,7 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
         config = CoordinatorConfig(
             num_workers=6, token=TOKEN,
             resume_manifest={"iteration": 29, "global_batch_size": 64}, resume_state=state,
-            metrics_path=str(tmp_path / f"resumed{len(resumed)}.jsonl"))
+            metrics=str(tmp_path / f"resumed{len(resumed)}.jsonl"))
         placed = {"afresh": [1] * 6, "hub": [2, 4]}.get(hosts, hosts) \
             if isinstance(hosts, str) else hosts
         resumed[str(hosts)] = _through(placed, config, hub=hosts == "hub",
@@ -404,7 +404,7 @@ def test_a_hosts_dones_leave_with_its_next_reports_but_not_at_a_checkpoint(tmp_p
         return send(self, frames)
     monkeypatch.setattr(Relay, "_send", counted)
     config = CoordinatorConfig(num_workers=8, token=TOKEN, checkpoint_dir=str(tmp_path / "c"),
-                               checkpoint_every=5, metrics_path=str(tmp_path / "m.jsonl"))
+                               checkpoint_every=5, metrics=str(tmp_path / "m.jsonl"))
     _through([4, 4], config, iterations=20, pause=0.1)
     sections = [w for w in writes if any(kind == F.ROWS for kind, _ in w)]
     done, report = 1, 0                     # a ROWS head's first byte: what
@@ -427,7 +427,7 @@ def test_a_checkpoint_holds_the_relays_predictor_state_when_a_done_follows_its_r
     before the dones of an iteration the coordinator checkpoints leave, so that its state
     leads them and the checkpoint holds the predictor's state."""
     config = CoordinatorConfig(num_workers=2, token=TOKEN, checkpoint_dir=str(tmp_path / "c"),
-                               checkpoint_every=2, metrics_path=str(tmp_path / "m.jsonl"))
+                               checkpoint_every=2, metrics=str(tmp_path / "m.jsonl"))
     c = Coordinator(config)
     c.start()
     relay = RelayThread(c, "host0", 2)
@@ -465,7 +465,7 @@ def test_a_checkpoint_holds_the_relays_predictor_state_when_a_done_follows_its_r
 def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):
     """Through a hub, the coordinator reads one write per iteration for its relays (their
     dones of t and reports of t + 1 merged into one section each), and the same splits."""
-    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "m.jsonl"))
+    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "m.jsonl"))
     (splits, _), c, relays = _through([3, 3, 2], config, hub=True, iterations=20, pause=0.05)
     hub = relays[0]
     assert isinstance(hub, Hub) and len(c.links.relays) == 1
@@ -474,7 +474,7 @@ def test_a_hub_sends_its_relays_sections_of_an_iteration_in_one_write(tmp_path):
     assert 20 <= hub.writes_up <= 40, hub.writes_up
     # 3 relays' sections merged (a few left apart when a relay was read late: not 3x)
     assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
-    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
+    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "d.jsonl"))
     assert splits == _through([1] * 8, direct, iterations=20, pause=0.05)[0][0]
 
 
@@ -482,12 +482,12 @@ def test_a_hub_merges_its_relays_sections_when_the_workers_log_every_iteration(t
     """A worker's log line between its done and its next report is forwarded in its order,
     and the hub still merges the relays' sections (ordering is per worker, not per relay);
     the splits and the records, scalars included, as direct workers'."""
-    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "m.jsonl"))
+    config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "m.jsonl"))
     got, c, relays = _through([3, 3, 2], config, hub=True, iterations=20, pause=0.05, log=True)
     hub = relays[0]
     assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
     assert all(r["scalars"] for r in got[1][:-8])     # the last iteration's may come late
-    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics_path=str(tmp_path / "d.jsonl"))
+    direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "d.jsonl"))
     assert got == _through([1] * 8, direct, iterations=20, pause=0.05, log=True)[0]
 
 

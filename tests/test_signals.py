@@ -164,7 +164,7 @@ def test_parse_exog_errors(spec, needle):
 def test_coordinator_feeds_the_chosen_columns_and_records_every_signal(tmp_path):
     c = Coordinator(CoordinatorConfig(num_workers=2, token="t" * 32, predictor="last",
                                       exog=("runq", "cpu_percent"),
-                                      metrics_path=str(tmp_path / "m.jsonl")))
+                                      metrics=str(tmp_path / "m.jsonl")))
     assert c._predictor.num_exog == 2
     seen = []
     c._predictor.observe = lambda speed, exog: seen.append(np.array(exog))

@@ -24,12 +24,12 @@ class CoordinatorConfig:
     time_model: str = "auto"
     exog: tuple = _signals.DEFAULT        # the report fields the predictor sees (--exog)
     threshold: float = 0.03
-    max_batch: Optional[int] = None       # per-worker cap from the command line
+    max_batch_size: Optional[int] = None  # per-worker cap (--max-batch-size)
     #: per-worker minimum (--min-batch-size); None: auto, 1 unless the workers' model has
     #: BatchNorm layers, then BATCHNORM_MIN_BATCH (see auto_min_batch)
-    min_batch: Optional[int] = None
-    tensorboard_dir: Optional[str] = None  # --tensorboard: event files of the scalars
-    metrics_path: Optional[str] = None
+    min_batch_size: Optional[int] = None
+    tensorboard: Optional[str] = None     # --tensorboard: event files of the scalars
+    metrics: Optional[str] = None         # --metrics: the JSON-lines file
     warmup: int = 1                       # first iterations (graph building) not learnt from
     slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
     host: str = "127.0.0.1"               # address to listen on
@@ -56,8 +56,8 @@ class CoordinatorConfig:
             raise ValueError(problem)
         if self.time_model not in TIME_MODELS:
             raise ValueError(f"time_model must be one of {TIME_MODELS}")
-        if self.min_batch is not None and self.min_batch < 1:
-            raise ValueError("min_batch must be >= 1")
+        if self.min_batch_size is not None and self.min_batch_size < 1:
+            raise ValueError("min_batch_size must be >= 1")
         if self.predictor not in _pred.available():
             raise ValueError(f"unknown predictor {self.predictor!r}; choose from "
                              f"{', '.join(_pred.available())}")

@@ -95,13 +95,13 @@ class Coordinator:
                                 ahead=_modes.get(config.sync).policy.ahead)
         # auto time model: prefer the equal split whenever an uneven one does not gain the
         # threshold (see split.Balancer._prefer_equal)
-        self.balancer = _split.Balancer(config.threshold, config.min_batch or 1,
-                                       config.max_batch,
+        self.balancer = _split.Balancer(config.threshold, config.min_batch_size or 1,
+                                       config.max_batch_size,
                                        prefer_equal=config.time_model == "auto")
         n = config.num_workers
         self.links = Links()
         self._gate = hello_gate(config.token)
-        self.recorder = Recorder(n, config.metrics_path, config.tensorboard_dir, config.warmup,
+        self.recorder = Recorder(n, config.metrics, config.tensorboard, config.warmup,
                                  append=config.resume_manifest is not None, fail=self._fail,
                                  sync=config.sync, predictor=config.predictor)
         self.collect = Collector(n, config.exog)
@@ -524,7 +524,7 @@ class Coordinator:
         Rows`); WorkerError for a malformed one."""
         if rows.what == P.REPORT:
             decided = self.collect.reports(rows)
-            if rows.kind("batchnorm") is not None and self.config.min_batch is None \
+            if rows.kind("batchnorm") is not None and self.config.min_batch_size is None \
                     and self._hellos and any(rows.values("batchnorm")):
                 # the model has BatchNorm layers: keep its statistics sane (auto_min_batch)
                 self.balancer.min_batch = max(self.balancer.min_batch, auto_min_batch(

@@ -69,7 +69,7 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
         return (f"the last global batch of each epoch has {short} samples, fewer than the "
                 f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                 "the global batch size")
-    low = config.min_batch
+    low = config.min_batch_size
     smallest = getattr(policy, "lo", None)        # courier: --batch-range's minimum
     if low is not None and isinstance(smallest, int) and low * n > smallest:
         return (f"--min-batch-size {low} is more than --batch-range's minimum {smallest} / "
@@ -80,8 +80,9 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
                 f"workers ({B // n} each): every worker must be able to get it; use at most "
                 f"{B // n}, or fewer workers")
     caps = [h.get("max_batch_size") for h in hellos]
-    if config.max_batch is not None:
-        caps = [config.max_batch if c is None else min(c, config.max_batch) for c in caps]
+    if config.max_batch_size is not None:
+        cap = config.max_batch_size
+        caps = [cap if c is None else min(c, cap) for c in caps]
     if low is not None and any(c is not None and c < low for c in caps):
         rank = next(r for r, c in enumerate(caps) if c is not None and c < low)
         return (f"--min-batch-size {low} is more than worker {rank}'s maximum batch size "
