@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 from conftest import EXAMPLE, PY, ROOT, run_mxlbbsp
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.cluster
 # convergence a lot (seen: 0.67-0.79 accuracy after 5 epochs vs asp's 0.95); see
 # mxlbbsp/modes/r2sp.py.
 TRAIN = ["--model", "mlp", "--data", "digits", "--epochs", "4", "--batch-size", "64",
-         "--momentum", "0", "--lr", "0.3", "--log-interval", "5", "--eval"]
+         "--momentum", "0", "--lr", "0.3", "--log-interval", "1", "--eval"]
 RECORD = ROOT / "tests" / "scripts" / "record_batches.py"
 
 
@@ -36,8 +37,10 @@ def test_async_modes_train_and_converge_on_digits(tmp_path, sync, n, extra):
     assert r.rc == 0, r.output
     acc = accuracies(r.stdout)
     assert len(acc) == 4 and acc[-1] >= 0.85, r.stdout
+    # rank 0's loss of each iteration, one local batch each (noisy under asp's ordering):
+    # the last ten's mean against the first three's
     loss = losses(r.stdout)
-    assert loss[-1] < 0.5 * loss[0], r.stdout
+    assert np.mean(loss[-10:]) < 0.5 * np.mean(loss[:3]), r.stdout
     rows = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
     assert {row["sync"] for row in rows} == {sync}
     assert {row["rank"] for row in rows} == set(range(n))
