@@ -21,7 +21,11 @@ b(t+2) (b(t+1) went out an iteration before), so the worker waits for its slice 
 coordinator is a whole iteration late.
 
 No framework import here: the caller waits for MXNet's asynchronous engine before it calls
-:meth:`Session.gradients_ready` and :meth:`Session.step_done`.
+:meth:`Session.gradients_ready` and :meth:`Session.step_done`, or, where it does not wait
+(dist_sync, :mod:`mxlbbsp.worker.engine`), hands the engine :meth:`Session.report_when_ready`
+and :meth:`Session.done_when_finished`, which read the clock on the engine's thread when the
+arrays are ready and leave the messages for the main thread to send at its next stop
+(:meth:`Session.send_pending`: the next batch asked for, any wait of the session).
 
 (Most of this module is :class:`Session`: see its docstring for why it is one class.)
 """
@@ -49,6 +53,8 @@ from mxlbbsp.worker import timeline as _timeline
 log = logging.getLogger(__name__)
 
 _session: Optional["Session"] = None
+#: at the end, how long the bye waits for the reports and dones still in the engine
+CLOSE_FLUSH_S = 30.0
 _lock = threading.Lock()
 
 
@@ -161,6 +167,15 @@ class Session:
         self._send_lock = threading.Lock()
         self._t_end = None                # when the previous step ended
         self._t_ready = None              # when this iteration's gradients were ready
+        self._t_start = None              # when this iteration's slice was known
+        # the report and done of an iteration the engine sends (report_when_ready,
+        # done_when_finished): how many were handed over and have run, the last iteration
+        # whose done went out, and what failed on the engine's thread
+        self._scheduled = 0
+        self._fired = 0
+        self._outbox: list = []
+        #: the last iteration whose step has ended (the engine's done, or step_done)
+        self.finished = -1
         self._alloc_wait = 0.0
         self._push_wait = 0.0             # in the mode's before_push (r2sp: its push slot)
         #: the mode's handlers of its own messages (SyncMode.attach registers them)
@@ -298,10 +313,14 @@ class Session:
     def wait_until(self, ready: Callable[[], bool]) -> None:
         """Block until ``ready()`` (checked under the lock after each update); raises when
         the job failed or the coordinator is gone."""
-        with self._cond:
-            while not ready():
+        while True:
+            with self._cond:
+                if ready():
+                    return
                 self._check_going()
-                self._cond.wait(1.0)
+                if not self._outbox:
+                    self._cond.wait(1.0)
+            self.send_pending()
 
     def halt(self) -> None:
         """Wait here until the job ends under this worker (an elastic job's hand-over: the
@@ -312,7 +331,11 @@ class Session:
         """One protocol message to the coordinator (nothing outside a job)."""
         if self._sock is None:
             return
-        data = P.encode(msg)
+        self._send_bytes(P.encode(msg))
+
+    def _send_bytes(self, data: bytes) -> None:
+        if self._sock is None:
+            return
         with self._send_lock:
             try:
                 self._sock.sendall(data)
@@ -355,12 +378,12 @@ class Session:
             raise CoordinatorLost("lost the connection to the coordinator")
 
     def _wait_allocation(self, iteration: int, block: bool) -> Optional[_split.Slice]:
+        if block and iteration not in self._alloc:
+            self.wait_until(lambda: iteration in self._alloc)
         with self._cond:
-            while iteration not in self._alloc:
+            if iteration not in self._alloc:
                 self._check_going()
-                if not block:
-                    return None
-                self._cond.wait(1.0)
+                return None
             piece = self._alloc[iteration]
             for old in [k for k in self._alloc if k < iteration - 1]:
                 del self._alloc[old]
@@ -384,6 +407,7 @@ class Session:
                 "mxlbbsp.Trainer.step(), so the coordinator never heard of it; use "
                 "mxlbbsp.Trainer with mxlbbsp.DataLoader (a plain gluon.Trainer does not "
                 "report), and call step() once per batch")
+        self.send_pending()
         if self.clock is not None:
             self.clock.begin(t)
         start = time.perf_counter()
@@ -391,7 +415,8 @@ class Session:
             self._t_end = start
         piece = self.slice(t, global_batch)
         global_batch = piece.total
-        self._alloc_wait = time.perf_counter() - start
+        self._t_start = time.perf_counter()
+        self._alloc_wait = self._t_start - start
         if self.clock is not None:
             self.clock.mark("alloc")
         self.iteration = t
@@ -441,24 +466,132 @@ class Session:
         self._compute = compute
         self._t_ready = time.perf_counter()
         if self.coordinated:
-            cpu, mem = _host_load() if self._read_load else (None, None)
-            msg = P.report(self.iteration, self.batch_local, compute, cpu, mem, factor,
-                           self.next_global_batch(), self._signals.read())
-            msg["global_batch"] = self.batch_global
-            after = self.after_next_global_batch()
-            if after is not None:
-                msg["after_next_global_batch"] = after
-            if self.model_info and not self._info_sent:
-                msg.update(self.model_info)
-                self._info_sent = True
-            lr = self.lr_factor()
-            if lr != 1.0:
-                msg["lr_factor"] = lr
-            if self.grad_sqr is not None:
-                msg["grad_sqr"] = self.grad_sqr if math.isfinite(self.grad_sqr) else None
-                self.grad_sqr = None
-            self.send(msg)
+            self.send(self._report(self.iteration, self.batch_local, self.batch_global,
+                                   compute, factor, self.next_global_batch(),
+                                   self.after_next_global_batch(), self.lr_factor()))
         self.reported = self.iteration
+
+    def _report(self, t: int, local: int, total: int, compute: float, factor: float,
+                next_B: Optional[int], after_B: Optional[int], lr: float) -> dict:
+        """The report of iteration ``t``, with the host's load and the contention signals
+        read now."""
+        cpu, mem = _host_load() if self._read_load else (None, None)
+        msg = P.report(t, local, compute, cpu, mem, factor, next_B, self._signals.read())
+        msg["global_batch"] = total
+        if after_B is not None:
+            msg["after_next_global_batch"] = after_B
+        if self.model_info and not self._info_sent:
+            msg.update(self.model_info)
+            self._info_sent = True
+        if lr != 1.0:
+            msg["lr_factor"] = lr
+        if self.grad_sqr is not None:
+            msg["grad_sqr"] = self.grad_sqr if math.isfinite(self.grad_sqr) else None
+            self.grad_sqr = None
+        return msg
+
+    # ---- the same, timed by the engine (mxlbbsp.worker.engine) ---------------------------
+
+    @property
+    def emulated(self) -> bool:
+        """An emulated slowdown or per-sample cost: the worker sleeps it in the compute
+        phase, from the main thread (:meth:`gradients_ready`)."""
+        return self.sample_cost > 0 or not (self.slowdown.constant
+                                            and self.slowdown.factor(0) == 1.0)
+
+    def report_when_ready(self) -> Callable[[], None]:
+        """This iteration's report, as a function for MXNet's engine to call once the
+        gradients are ready (instead of :meth:`gradients_ready` after waiting for them).
+
+        What the main thread knows of the iteration is taken now; the function only reads
+        the clock and leaves the report in the outbox (the engine's thread waits while it
+        runs), and the main thread sends it at its next stop (:meth:`send_pending`), with
+        the contention signals read then. The compute phase runs from the later of the
+        previous step's end (:meth:`done_when_finished`) and this iteration's slice (the
+        main thread may be ahead of the engine), less the time spent in :meth:`untimed`
+        since; no emulated cost (:attr:`emulated`: those take the waiting path)."""
+        t, local, total = self.iteration, self.batch_local, self.batch_global
+        fields = (self.next_global_batch(), self.after_next_global_batch(), self.lr_factor())
+        start, untimed = self._t_start, self._untimed
+        self._untimed = 0.0
+        self.reported = t
+        self._handed_over()
+
+        def report() -> None:
+            now = time.perf_counter()
+            begin = max(start, self._t_end if self._t_end is not None else start)
+            compute = max(now - begin - untimed, 1e-9)
+            self._compute, self._t_ready = compute, now
+            self._post(None, (t, local, total, compute) + fields)
+        return report
+
+    def done_when_finished(self) -> Callable[[], None]:
+        """This iteration's done, as a function for the engine to call once the step's
+        update is done (instead of :meth:`step_done` after waiting for it); as
+        :meth:`report_when_ready`, sent by the main thread."""
+        t, alloc_wait = self.iteration, self._alloc_wait
+        self._handed_over()
+
+        def done() -> None:
+            now = time.perf_counter()
+            sync = now - (self._t_ready if self._t_ready is not None else now)
+            iteration_s = now - (self._t_end if self._t_end is not None else now)
+            self._t_end = now
+            self._post(t, P.done(t, alloc_wait + sync, sync, iteration_s))
+        return done
+
+    def _handed_over(self) -> None:
+        with self._cond:
+            self._scheduled += 1
+
+    def _post(self, finished: Optional[int], item) -> None:
+        """On the engine's thread: a done (a message) or a report's figures (a tuple) for
+        the main thread to send."""
+        with self._cond:
+            self._outbox.append(item)
+            self._fired += 1
+            if finished is not None:
+                self.finished = finished
+            self._cond.notify_all()
+
+    def send_pending(self) -> None:
+        """Send what the engine timed (:meth:`report_when_ready`, :meth:`done_when_finished`)
+        in one write. A report's contention signals are read here: over the window since
+        the previous report (the engine's thread does not read them)."""
+        if not self._outbox:
+            return
+        with self._cond:
+            items, self._outbox = self._outbox, []
+        data = []
+        for item in items:
+            if isinstance(item, tuple):
+                item = self._report(*item[:4], 1.0, *item[4:])
+            data.append(P.encode(item))
+        self._send_bytes(b"".join(data))
+
+    def wait_finished(self, iteration: int) -> None:
+        """Block until the engine has finished the step of ``iteration`` (sending what it
+        timed meanwhile; raises as wait_until)."""
+        self.wait_until(lambda: self.finished >= iteration)
+        self.send_pending()
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the engine has timed every report and done handed to it, and send them
+        (before a message that must follow them: a checkpoint's, the bye); False on
+        ``timeout`` or when the coordinator is gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.send_pending()
+            with self._cond:
+                if self._fired >= self._scheduled and not self._outbox:
+                    return True
+                if self._failure is not None or self._lost:
+                    return False
+                left = 1.0 if deadline is None else min(deadline - time.monotonic(), 1.0)
+                if left <= 0:
+                    return False
+                if not self._outbox:
+                    self._cond.wait(left)
 
     def send_scalars(self, iteration: int, values: Dict[str, float]) -> None:
         """The script's values of ``iteration`` (:func:`mxlbbsp.log`) to the coordinator."""
@@ -478,6 +611,7 @@ class Session:
         sync = now - (self._t_ready if self._t_ready is not None else now) - self._push_wait
         iteration_s = now - self._t_end
         self._t_end = now
+        self.finished = self.iteration
         if self.coordinated:
             self._signals.begin()       # the next compute phase starts now
             msg = P.done(self.iteration, self._alloc_wait + self._push_wait + sync, sync,
@@ -495,6 +629,9 @@ class Session:
             self.clock = None
         if self._sock is None:
             return
+        # the engine's last report and done before the bye (they are on their way unless a
+        # push/pull never ends: a worker gone)
+        self.flush(timeout=CLOSE_FLUSH_S)
         try:
             self.send(P.bye(self.reported))
             self._sock.shutdown(socket.SHUT_WR)

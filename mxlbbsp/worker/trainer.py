@@ -61,6 +61,7 @@ from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import protocol as P
 from mxlbbsp.core import store as _store
 from mxlbbsp.worker import checkpoint as _ckpt
+from mxlbbsp.worker import engine as _engine
 from mxlbbsp.worker import hold as _hold
 from mxlbbsp.worker import loss_head as _loss
 from mxlbbsp.worker import session as _session
@@ -70,6 +71,10 @@ from mxlbbsp.worker.batchnorm import RunningStats
 log = logging.getLogger(__name__)
 #: momentum at or above this with --sync asp or r2sp gets a warning (metrics.MOMENTUM_WARN)
 MOMENTUM_WARN = 0.5
+#: where the engine times the report and done (:mod:`.engine`), step t waits for the end of
+#: step t - ENGINE_AHEAD: the Python thread may run that far ahead of the engine, and no
+#: further (memory: the arrays of the iterations in flight)
+ENGINE_AHEAD = 2
 
 
 class Trainer(gluon.Trainer):
@@ -117,6 +122,7 @@ class Trainer(gluon.Trainer):
         self._keeper = None
         self._boundary = False
         self._handover = False                # listening for the coordinator's request
+        self._by_engine = False               # this step's report and done sent by the engine
         resume = _hold.resume()
         if resume is not None:
 
@@ -335,11 +341,22 @@ class Trainer(gluon.Trainer):
                         grad *= sess.batch_local
         early = sess is not None and self._sums_on_servers() and \
             type(sess.mode).before_push is _modes.SyncMode.before_push
+        self._by_engine = early and self._engine_clock(sess)
+        if self._by_engine:
+            # a bounded lead over the engine (bsp has no split to wait for); this step's
+            # forward and backward are issued already, so the engine does not run dry
+            sess.wait_finished(sess.iteration - ENGINE_AHEAD)
         if early:
             self._push_grads()
             if clock is not None:
                 clock.mark("push")
-        if sess is not None:
+        if self._by_engine:
+            if not sess.model_info:
+                sess.model_info = self._model_info()
+            _engine.call_after(sess.report_when_ready(), reads=self._grads())
+            if clock is not None:
+                clock.mark("report")
+        elif sess is not None:
             if early:
                 for grad in self._grads():      # backward done (not the pushes)
                     grad.wait_to_read()
@@ -348,9 +365,7 @@ class Trainer(gluon.Trainer):
             if clock is not None:
                 clock.mark("engine")
             if not sess.model_info:
-                sess.model_info = {"batchnorm": bool(self._stats.params)}
-                if self._momentum() is not None:
-                    sess.model_info["momentum"] = self._momentum()
+                sess.model_info = self._model_info()
             if sess.coordinated and sess.mode.grad_norms:
                 sess.grad_sqr = self.grad_sqr()
             sess.gradients_ready()
@@ -378,6 +393,24 @@ class Trainer(gluon.Trainer):
         self._allreduce_grads()
         if clock is not None:
             clock.mark("push")
+
+    def _model_info(self) -> dict:
+        """What the first report tells the coordinator of the model and the optimizer."""
+        info = {"batchnorm": bool(self._stats.params)}
+        if self._momentum() is not None:
+            info["momentum"] = self._momentum()
+        return info
+
+    def _engine_clock(self, sess) -> bool:
+        """Whether this step's report and done are sent by MXNet's engine when the arrays
+        are ready (:mod:`.engine`), the Python thread going on without waiting: in a job,
+        after its first step (which waits for the initial pull), unless the worker sleeps
+        an emulated cost in the compute phase, the mode needs the gradients' norms (read
+        from the arrays, on the Python thread), or the job keeps snapshots for a hand-over
+        (which must follow the done of the iteration it holds)."""
+        return sess.coordinated and sess.iteration > sess.first_iteration and \
+            not sess.emulated and not sess.mode.grad_norms and not _env.snapshots() and \
+            _engine.available()
 
     def _sums_on_servers(self) -> bool:
         """The servers only add dense gradients, and every worker updates (dist_sync)."""
@@ -419,13 +452,21 @@ class Trainer(gluon.Trainer):
             self._stats.combine(self._kvstore, sess.batch_local, sess.batch_global)
         if clock is not None:
             clock.mark("bn")
-        if sess is not None:
+        if sess is not None and self._by_engine:
+            # once the update has written the parameters
+            _engine.call_after(sess.done_when_finished(),
+                               reads=[a for p in self._params if p._data is not None
+                                      for a in p.list_data()])
+            if clock is not None:
+                clock.mark("done")
+        elif sess is not None:
             nd.waitall()
             if clock is not None:
                 clock.mark("pull")
             sess.step_done()
             if clock is not None:
                 clock.mark("done")
+        if sess is not None:
             if self._ckpt_dir and not self._final_hook and sess.rank == 0:
                 # after the session's own atexit (registered at its opening), so it runs first
                 atexit.register(self._final_checkpoint)
@@ -433,6 +474,7 @@ class Trainer(gluon.Trainer):
             if self._ckpt_dir and self._ckpt_every and \
                     (sess.iteration + 1) % self._ckpt_every == 0 and sess.rank == 0:
                 with sess.untimed():
+                    sess.flush()          # after this iteration's report and done
                     self.save_checkpoint(self._ckpt_dir)
             if self._ckpt_dir and sess.coordinated:
                 self._hand_over(sess)
@@ -453,6 +495,7 @@ class Trainer(gluon.Trainer):
         if self._boundary:
             self._boundary = False
             with sess.untimed():
+                sess.flush()              # SAVED follows this iteration's report and done
                 try:
                     path = self.save_checkpoint(self._ckpt_dir)
                 except (OSError, _store.CheckpointError) as exc:
