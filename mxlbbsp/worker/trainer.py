@@ -123,6 +123,7 @@ class Trainer(gluon.Trainer):
         self._boundary = False
         self._handover = False                # listening for the coordinator's request
         self._by_engine = False               # this step's report and done sent by the engine
+        self._engine_order = None             # an array every such function writes (below)
         resume = _hold.resume()
         if resume is not None:
 
@@ -353,7 +354,8 @@ class Trainer(gluon.Trainer):
         if self._by_engine:
             if not sess.model_info:
                 sess.model_info = self._model_info()
-            _engine.call_after(sess.report_when_ready(), reads=self._grads())
+            _engine.call_after(sess.report_when_ready(), reads=self._grads(),
+                               writes=self._order())
             if clock is not None:
                 clock.mark("report")
         elif sess is not None:
@@ -412,6 +414,14 @@ class Trainer(gluon.Trainer):
             not sess.emulated and not sess.mode.grad_norms and not _env.snapshots() and \
             _engine.available()
 
+    def _order(self) -> list:
+        """A one-element array that each report and done function writes: the engine calls
+        them in the order they were issued (a done of t-1 before the report of t, whose
+        compute time starts at it), whatever else it runs between them."""
+        if self._engine_order is None:
+            self._engine_order = nd.zeros((1,))
+        return [self._engine_order]
+
     def _sums_on_servers(self) -> bool:
         """The servers only add dense gradients, and every worker updates (dist_sync)."""
         return bool(self._kvstore) and self._distributed and not self._update_on_kvstore \
@@ -456,7 +466,7 @@ class Trainer(gluon.Trainer):
             # once the update has written the parameters
             _engine.call_after(sess.done_when_finished(),
                                reads=[a for p in self._params if p._data is not None
-                                      for a in p.list_data()])
+                                      for a in p.list_data()], writes=self._order())
             if clock is not None:
                 clock.mark("done")
         elif sess is not None:
