@@ -23,6 +23,11 @@ Whether the splits follow the tenants: per run, worker 0's mean share of the glo
 the iterations during which only A, only B, both or neither were on (by the time the
 coordinator received the iteration's reports).
 
+``--cgroup`` (root, cgroup v1's cpu controller) puts each core's worker and tenant in a cgroup
+of their own with a high cpu.shares: on a machine busy with other, unpinned processes, Linux
+would otherwise move those off the tenant's core and the workers would stay about equal; in
+the cgroup the tenant takes half of its core whatever else runs.
+
 ``--baseline REV`` runs every mode also on the code of commit REV (a temporary worktree:
 its launcher, workers and example), NAME@REV next to NAME in each round, so that a change to
 the workers is compared side by side under the same tenants.
@@ -30,6 +35,7 @@ the workers is compared side by side under the same tenants.
     python benchmarks/contention.py --quick    # 1 round x 120 iterations (~5 min)
     python benchmarks/contention.py            # 3 rounds x 300 iterations (~25 min)
     python benchmarks/contention.py --quick --baseline main --modes bsp,narx
+    python benchmarks/contention.py --quick --cgroup --baseline main --modes bsp,narx
 """
 import argparse
 import contextlib
@@ -51,11 +57,18 @@ MODES = {"BSP": ("bsp", None), "LB-BSP narx": ("lbbsp", "narx"),
 SHORT = {"bsp": "BSP", "narx": "LB-BSP narx", "ema": "LB-BSP ema"}
 PIN = Path(__file__).resolve().parent / "_pin.py"
 
-#: a busy loop pinned to core argv[1] (-1: not pinned); it exits when its parent (this
-#: script) is gone
+#: --cgroup: cgroup v1's cpu controller, one cgroup per core (CGROUP + core number)
+CGROUP = Path("/sys/fs/cgroup/cpu/mxlbbsp_bench_core")
+#: --cgroup: each cgroup's weight (an ordinary process's is 1024)
+SHARES = 8192
+
+#: a busy loop pinned to core argv[1] (-1: not pinned), in the cgroup whose cgroup.procs is
+#: argv[2] if given; it exits when its parent (this script) is gone
 TENANT = ("import os, sys\n"
           "if int(sys.argv[1]) >= 0:\n"
           "    os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+          "if len(sys.argv) > 2:\n"
+          "    open(sys.argv[2], 'w').write(str(os.getpid()))\n"
           "parent = os.getppid()\n"
           "while os.getppid() == parent:\n"
           "    for _ in range(200000):\n"
@@ -69,8 +82,9 @@ class Tenants:
     [start + j (on + off), start + j (on + off) + on) for j = 0, 1, ...
     """
 
-    def __init__(self, schedule):
+    def __init__(self, schedule, cgroup: bool = False):
         self.schedule = schedule
+        self.cgroup = cgroup
         self.procs = {}                    # tenant index -> Popen while on
         self.on_seconds = [0.0] * len(schedule)
         #: (tenant index, started, killed or None) in time.time(), as the metrics' times
@@ -106,8 +120,9 @@ class Tenants:
                         self.on_seconds[k] += now - last
                     want = self._wanted(k, now)
                     if want and k not in self.procs:
+                        where = [f"{CGROUP}{core}/cgroup.procs"] if self.cgroup else []
                         self.procs[k] = subprocess.Popen(
-                            [sys.executable, "-c", TENANT, str(core)],
+                            [sys.executable, "-c", TENANT, str(core), *where],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
                         self.spans.append([k, time.time(), None])
                     elif not want and k in self.procs:
@@ -160,6 +175,29 @@ def shares_by_state(metrics: Path, tenants: Tenants, skip: int = 5) -> dict:
             for state, v in sorted(by.items())}
 
 
+@contextlib.contextmanager
+def cgroups(cores):
+    """--cgroup: a cgroup per core (cpu.shares SHARES) that _pin.py puts that core's worker
+    in (MXLBBSP_BENCH_CGROUP) and the Tenants their tenant; removed afterwards."""
+    made = []
+    try:
+        for core in cores:
+            d = Path(f"{CGROUP}{core}")
+            d.mkdir(exist_ok=True)
+            made.append(d)
+            (d / "cpu.shares").write_text(str(SHARES))
+        os.environ["MXLBBSP_BENCH_CGROUP"] = str(CGROUP)
+        yield
+    finally:
+        os.environ.pop("MXLBBSP_BENCH_CGROUP", None)
+        for d in made:
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):     # gone meanwhile
+                    (d.parent / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
 def schedules(cores, period: float):
     """name -> (description, [(core, on_s, off_s, start_s) per tenant])."""
     return {
@@ -193,6 +231,9 @@ def main():
                    help="write the report figures (default: in full mode, not with --quick)")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin workers and tenants (Linux balances the load)")
+    p.add_argument("--cgroup", action="store_true",
+                   help="each core's worker and tenant in a cgroup with a high cpu.shares "
+                        "(root, cgroup v1): tenants slow their worker on a busy machine too")
     p.add_argument("--modes", default="bsp,narx,ema",
                    help="modes to run: bsp (always run: the ratios' base), narx, ema")
     p.add_argument("--baseline", metavar="REV",
@@ -218,9 +259,14 @@ def main():
     if any(x not in SHORT for x in picked):
         p.error(f"--modes: choose from {', '.join(SHORT)}")
     modes = [m for short, m in SHORT.items() if short in picked]
+    if args.cgroup and (args.no_pin or not os.access(CGROUP.parent, os.W_OK)):
+        p.error(f"--cgroup: needs pinned workers and a writable {CGROUP.parent} (root, "
+                f"cgroup v1's cpu controller); run without --cgroup")
     name = "contention" + ("_quick" if args.quick else "")
     if args.schedules != "alternating,independent":
         name += "_" + "_".join(chosen)
+    if args.cgroup:
+        name += "_cgroup"
     if args.baseline:
         name += f"_baseline_{args.baseline}"
     load_at_start = S.wait_for_quiet() if not args.quick else S.load()
@@ -232,6 +278,8 @@ def main():
     results, figures = {}, {}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        if args.cgroup:
+            stack.enter_context(cgroups(cores[:2]))
         # arm -> (mode, the tree whose code runs it: None for this one)
         arms = {m: (m, None) for m in modes}
         if args.baseline:
@@ -257,7 +305,7 @@ def main():
                                         f"-round{r + 1}.jsonl")
                     C.progress(f"{sched_name} round {r + 1}/{rounds}: {arm} "
                                f"(load {S.load():.1f})")
-                    tenants = Tenants(schedule)
+                    tenants = Tenants(schedule, args.cgroup)
                     started = time.monotonic()
                     load_before = S.load()
                     try:
@@ -317,6 +365,9 @@ def main():
                          f"{S.rounds_text(last['load'], '.1f')} |")
     pinning = ("each worker pinned to its own core (worker r on core r), tenants pinned to "
                "those cores" if not args.no_pin else "nothing pinned")
+    if args.cgroup:
+        pinning += (f", each core's worker and tenant in a cgroup of cpu.shares {SHARES} "
+                    f"(other processes 1024)")
     notes = "\n".join(
         f"* **{k}**: {res['description']} (share of a job's wall time with each tenant on: "
         f"{', '.join(f'{100 * d:.0f}%' for d in res['tenant_duty'])}); ideal speedup "
@@ -342,7 +393,7 @@ def main():
         + f"\n\nLoad average at start: {load_at_start:.2f}.")
     C.write(name, {"rounds": rounds, "iterations": iters, "model": args.model,
                    "batch_size": args.batch_size, "pinned": not args.no_pin,
-                   "baseline": args.baseline,
+                   "baseline": args.baseline, "cgroup": args.cgroup,
                    "load_at_start": load_at_start, "figures": figures,
                    "results": results}, table)
 
