@@ -330,12 +330,11 @@ def coordinator_cost(workers=(2, 16), iterations=300, rounds=3) -> dict:
                      for s in sessions]
             sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(dim) for b in sizes]
             for s, part, b, v in zip(sessions, sums, sizes, speed):
-                s.grad_sqr = float(part @ part)
                 s._t_end -= 0.005 + b / v
-                s.gradients_ready()
+                s.gradients_ready(float(part @ part))
             total = np.sum(sums, axis=0)
-            sessions[0].global_grad_sqr = float(total @ total)
-            for s in sessions:
+            sessions[0].step_done(float(total @ total))
+            for s in sessions[1:]:
                 s.step_done()
         for s in sessions:
             s.close()

@@ -112,8 +112,7 @@ def _epoch_iteration(ss, plan, t, per_sample):
     sample. The (offset, size) of each worker."""
     pieces = []
     for s, cost in zip(ss, per_sample):
-        s.next_global_batch = lambda: plan[(t + 1) % len(plan)]
-        s.after_next_global_batch = lambda: plan[(t + 2) % len(plan)]
+        s.announce(plan[(t + 1) % len(plan)], plan[(t + 2) % len(plan)])
         got, offset, local = s.next_iteration(plan[t % len(plan)])
         assert got == t
         pieces.append((offset, local))

@@ -449,7 +449,7 @@ def test_courier_rechooses_the_global_batch_when_the_workers_slow_down(coordinat
     ss, errors = sessions(c, n, B=64, N=N, sync="courier")
     assert not errors
     for s in ss:
-        s.next_global_batch = lambda: N
+        s.announce(N)
         s._t_end = 0.0
     fast, slow = [1000.0] * 4, [1000.0, 1000.0, 250.0, 250.0]
     history = [_courier_iteration(ss, fast, clock=clock, fake=fake) for _ in range(15)]

@@ -278,7 +278,7 @@ def test_a_batchnorm_job_splits_the_short_last_batch_of_its_epoch(coordinator):
     ss, errors = sessions(c, 3, B=64, N=197, min_global_batch=5)
     assert not errors and c.failure is None
     for s in ss:
-        s.model_info = {"batchnorm": True}
+        s.describe_model({"batchnorm": True})
     plan = [64, 64, 64, 5, 64, 64]                 # two epochs' starts: 197 = 3 x 64 + 5
     seen = []
     for t, B in enumerate(plan):
@@ -287,8 +287,7 @@ def test_a_batchnorm_job_splits_the_short_last_batch_of_its_epoch(coordinator):
         sizes = []
         for rank, s in enumerate(ss):
             # as the DataLoader announces them: B(t+1) and B(t+2), which the reports of t split
-            s.next_global_batch = lambda nxt=nxt: nxt
-            s.after_next_global_batch = lambda after=after: after
+            s.announce(nxt, after)
             _, _, local = s.next_iteration(B)
             sizes.append(local)
             s._t_end -= 0.001 * local * (1 if rank == 0 else 50)   # ranks 1, 2: 50x slower

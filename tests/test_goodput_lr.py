@@ -113,7 +113,7 @@ def test_adascale_factor_comes_with_the_split_and_is_recorded(coordinator):
                     sync_options={"batch_range": "6:30", "lr_scaling": "adascale"})
     ss = _sessions(c, n, B0, N, "adascale")
     for s in ss:
-        s.next_global_batch = lambda: N
+        s.announce(N)
     rng = np.random.default_rng(0)
     d = 300
     G, sd = rng.standard_normal(d) * 0.05, rng.uniform(0.5, 1.5, d)
@@ -125,12 +125,11 @@ def test_adascale_factor_comes_with_the_split_and_is_recorded(coordinator):
         used.append((ss[0].iteration, ss[0].batch_global, factors.pop()))
         sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(d) for b in sizes]
         for s, part, local in zip(ss, sums, sizes):
-            s.grad_sqr = float(part @ part)
             s._t_end -= 0.001 * local
-            s.gradients_ready()
+            s.gradients_ready(float(part @ part))
         total = np.sum(sums, axis=0)
-        ss[0].global_grad_sqr = float(total @ total)
-        for s in ss:
+        ss[0].step_done(float(total @ total))
+        for s in ss[1:]:
             s.step_done()
     for s in ss:
         s.close()

@@ -41,18 +41,17 @@ def _run(c, iterations, noise_of, speeds_of, seed=0, epoch=EPOCH):
         sizes = [s.next_iteration(None)[2] for s in ss]
         rest = epoch - (done + sum(sizes)) % epoch     # the cap on the next B
         for s in ss:
-            s.next_global_batch = lambda rest=rest: rest
+            s.announce(rest)
         # |G|^2 = tr(Sigma) / phi: a gradient that shrinks as the noise scale grows
         G = direction * math.sqrt(float(sd @ sd) / noise_of(done))
         sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(DIM) for b in sizes]
         speeds = speeds_of(t)
         for s, part, b, v in zip(ss, sums, sizes, speeds):
-            s.grad_sqr = float(part @ part)
             s._t_end -= FIXED_S + b / v          # the emulated compute of b samples
-            s.gradients_ready()
+            s.gradients_ready(float(part @ part))
         total = np.sum(sums, axis=0)
-        ss[0].global_grad_sqr = float(total @ total)
-        for s in ss:
+        ss[0].step_done(float(total @ total))
+        for s in ss[1:]:
             s.step_done()
         done += sum(sizes)
     for s in ss:

@@ -165,26 +165,21 @@ class DataLoader:
             sess.on_allocation(self._on_allocation)
             self._listening = True
         if sess.sets_batch or self._schedule is not None:
-            sess.replaying = self._schedule is not None and not sess.coordinated
-            if sess.replaying:
-                sess.lr_schedule = self._lr_factors
+            sess.follow(self._schedule is not None, self._lr_factors)
             yield from self._iter_following(sess)
             return
         plan = self._plan
         order = _epochs.order(self._size, self._epoch, self._shuffle, self._seed)
-        sess.epoch_length = plan.length
         epoch, self._epoch = self._epoch, self._epoch + 1
         skip = plan.first_index(self._start, epoch)
+        # an epoch done before the checkpoint runs nothing: no iteration resumes in it
+        sess.begin_epoch(plan.length, 0 if skip is None else self._start)
         if skip is None:
-            return                  # done before the checkpoint
-        if sess.iteration < 0 and self._start > 0:
-            sess.first_iteration = self._start
-            sess.iteration = self._start - 1
+            return
         for k in range(skip, plan.length):
             start, size = plan.batch(k)
             # B(t+1) and B(t+2), which the coordinator splits ahead
-            sess.next_global_batch = lambda nxt=plan.next_size(k): nxt
-            sess.after_next_global_batch = lambda after=plan.next_size(k, 2): after
+            sess.announce(plan.next_size(k), plan.next_size(k, 2))
             t, offset, local = sess.next_iteration(size)
             indices = order[start + offset:start + offset + local]
             if self._pool is None:
@@ -218,11 +213,10 @@ class DataLoader:
             if total > N - cursor:
                 raise RuntimeError(f"global batch {total} of iteration {t} runs past the end "
                                    f"of the epoch ({N - cursor} samples left)")
-            # B(t+2) depends on B(t+1), which the coordinator chose: it knows it itself
-            sess.after_next_global_batch = lambda: None
             indices = order[cursor + offset:cursor + offset + local]
             cursor += total
-            sess.next_global_batch = lambda cap=_epochs.next_cap(N, cursor): cap
+            # B(t+2) depends on B(t+1), which the coordinator chose: it knows it itself
+            sess.announce(_epochs.next_cap(N, cursor))
             if self._pool is None:
                 yield self._batchify([self._dataset[int(i)] for i in indices])
             else:

@@ -5,6 +5,13 @@ One :class:`Session` per process, created by the first :class:`mxlbbsp.DataLoade
 launched job (no ``MXLBBSP_COORDINATOR``) it is a one-worker session that never talks to
 anybody: the loader gets the whole global batch.
 
+The loader and the trainer tell the session what they know through its methods, and write
+none of its attributes: the loader an epoch's length and the iteration a resumed job starts
+at (:meth:`Session.begin_epoch`), global batches chosen as the job runs
+(:meth:`Session.follow`), B(t+1) and B(t+2) for the report of t (:meth:`Session.announce`);
+the trainer the model (:meth:`Session.describe_model`) and, in a mode that asks for them,
+the gradients' norms with the report and the done.
+
 Timeline of iteration t on a worker, and what is measured::
 
     |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|- slot -|- push/pull -|
@@ -143,10 +150,10 @@ class Session:
         #: the coordinator chooses each global batch B(t) (a mode like courier)
         self.sets_batch = self.mode.sets_batch
         #: a single process replays recorded global batch sizes (DataLoader batch_schedule)
-        self.replaying = False
+        self._replaying = False
         #: a replay's learning-rate factor of each iteration, as its job recorded them
         #: (DataLoader batch_schedule from a metrics file); None: the rule's
-        self.lr_schedule: Optional[List[float]] = None
+        self._lr_schedule: Optional[List[float]] = None
         self.lr_scaling = _env.lr_scaling(env)
         self.host = _env.host(env)
         self.slowdown = Schedule.decode(_env.slowdown(env))
@@ -186,20 +193,12 @@ class Session:
         self._compute = 0.0
         self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
         self._read_load = False                  # cpu_percent, mem_percent asked for
-        #: what the trainer tells the coordinator once, with its first report: the
-        #: optimizer's momentum, whether the model has BatchNorm layers (the diagnoses and
-        #: the default --min-batch-size)
+        #: what the trainer tells the coordinator once, with its first report
+        #: (:meth:`describe_model`)
         self.model_info: Dict[str, object] = {}
-        #: |sum of this worker's per-sample gradients|^2 of this iteration, and (rank 0) of
-        #: the global sum after the pull: set by the trainer in modes that ask for them
-        #: (``grad_norms``: goodput's noise scale), sent with the report and the done
-        self.grad_sqr: Optional[float] = None
-        self.global_grad_sqr: Optional[float] = None
         self._info_sent = False
-        self.next_global_batch: Callable[[], Optional[int]] = lambda: self.global_batch_size
-        #: B(t+2) as the loader sees it, when it knows it (None: it does not, e.g. while the
-        #: coordinator chooses each B): the split decided from this iteration's report
-        self.after_next_global_batch: Callable[[], Optional[int]] = lambda: None
+        #: B(t+1) and B(t+2) as the loader announced them (:meth:`announce`)
+        self._announced: tuple = (self.global_batch_size, None)
         #: the phases' clock readings (MXLBBSP_TIMELINE), or None: off
         self.clock: Optional[_timeline.Timeline] = _timeline.from_env(self.rank, env)
         addr = _env.coordinator(env)
@@ -346,6 +345,44 @@ class Session:
         """Call ``fn(iteration, slice)`` (on a background thread) when an allocation arrives."""
         self._listeners.append(fn)
 
+    # ---- what the loader and the trainer tell it -----------------------------------------
+
+    def begin_epoch(self, length: int, first_iteration: int = 0) -> None:
+        """The loader begins an epoch of ``length`` global batches (a checkpoint records the
+        position in it). ``first_iteration``: the iteration the job resumed at from a
+        checkpoint (0: none); the session numbers its iterations from there, once."""
+        self.epoch_length = length
+        if self.iteration < 0 and first_iteration > 0:
+            self.first_iteration = first_iteration
+            self.iteration = first_iteration - 1
+
+    def follow(self, replay: bool, lr_schedule: Optional[List[float]] = None) -> None:
+        """The loader cuts global batches chosen as the job runs: by the coordinator
+        (:attr:`sets_batch`), or with ``replay`` by a recorded ``batch_schedule``, which a
+        single process replays; ``lr_schedule``: the learning-rate factor the job recorded
+        for each iteration (None: the ``--lr-scaling`` rule's, :meth:`lr_factor`)."""
+        self._replaying = replay and not self.coordinated
+        if self._replaying:
+            self._lr_schedule = lr_schedule
+
+    def announce(self, next_global_batch: Optional[int],
+                 after_next_global_batch: Optional[int] = None) -> None:
+        """B(t+1) and B(t+2) as the loader sees them, which the report of the current
+        iteration carries: the coordinator splits them ahead. ``after_next_global_batch``
+        None: the loader does not know it (the coordinator chooses B(t+1))."""
+        self._announced = (next_global_batch, after_next_global_batch)
+
+    def next_global_batch(self) -> Optional[int]:
+        """B(t+1) as the loader announced it (the global batch size until it has)."""
+        return self._announced[0]
+
+    def describe_model(self, info: Dict[str, object]) -> None:
+        """What the first report tells the coordinator of the model and the optimizer: the
+        optimizer's momentum, whether the model has BatchNorm layers (the diagnoses and the
+        default --min-batch-size). Sent once; later descriptions are ignored."""
+        if not self.model_info:
+            self.model_info = dict(info)
+
     # ---- allocations --------------------------------------------------------------------
 
     def slice(self, iteration: int, global_batch: Optional[int],
@@ -429,10 +466,10 @@ class Session:
         batch is chosen as the job runs: the factor the coordinator sent for it (goodput's
         ``--lr-scaling adascale``), else the rule of B(t) / B0 (B0 the DataLoader's
         global_batch_size); in a replay from a metrics file, the factor the job recorded."""
-        if not (self.sets_batch or self.replaying) or self.batch_global <= 0:
+        if not (self.sets_batch or self._replaying) or self.batch_global <= 0:
             return 1.0
-        if self.replaying and self.lr_schedule is not None:
-            return self.lr_schedule[self.iteration]
+        if self._replaying and self._lr_schedule is not None:
+            return self._lr_schedule[self.iteration]
         given = self.mode.lr_factor(self) if self.coordinated else None
         if given is not None:
             return given
@@ -450,8 +487,10 @@ class Session:
         finally:
             self._untimed += time.perf_counter() - start
 
-    def gradients_ready(self) -> None:
-        """Call once the gradients of this iteration are computed (engine synchronised)."""
+    def gradients_ready(self, grad_sqr: Optional[float] = None) -> None:
+        """Call once the gradients of this iteration are computed (engine synchronised).
+        ``grad_sqr``: |sum of this worker's per-sample gradients|^2, in a mode that asks for
+        it (``grad_norms``: goodput's noise scale), sent with the report."""
         now = time.perf_counter()
         compute = max(now - self._t_end - self._alloc_wait - self._untimed, 1e-9)
         self._untimed = 0.0
@@ -467,12 +506,13 @@ class Session:
         self._t_ready = time.perf_counter()
         if self.coordinated:
             self.send(self._report(self.iteration, self.batch_local, self.batch_global,
-                                   compute, factor, self.next_global_batch(),
-                                   self.after_next_global_batch(), self.lr_factor()))
+                                   compute, factor, *self._announced, self.lr_factor(),
+                                   grad_sqr))
         self.reported = self.iteration
 
     def _report(self, t: int, local: int, total: int, compute: float, factor: float,
-                next_B: Optional[int], after_B: Optional[int], lr: float) -> dict:
+                next_B: Optional[int], after_B: Optional[int], lr: float,
+                grad_sqr: Optional[float] = None) -> dict:
         """The report of iteration ``t``, with the host's load and the contention signals
         read now."""
         cpu, mem = _host_load() if self._read_load else (None, None)
@@ -485,9 +525,8 @@ class Session:
             self._info_sent = True
         if lr != 1.0:
             msg["lr_factor"] = lr
-        if self.grad_sqr is not None:
-            msg["grad_sqr"] = self.grad_sqr if math.isfinite(self.grad_sqr) else None
-            self.grad_sqr = None
+        if grad_sqr is not None:
+            msg["grad_sqr"] = grad_sqr if math.isfinite(grad_sqr) else None
         return msg
 
     # ---- the same, timed by the engine (mxlbbsp.worker.engine) ---------------------------
@@ -511,7 +550,7 @@ class Session:
         main thread may be ahead of the engine), less the time spent in :meth:`untimed`
         since; no emulated cost (:attr:`emulated`: those take the waiting path)."""
         t, local, total = self.iteration, self.batch_local, self.batch_global
-        fields = (self.next_global_batch(), self.after_next_global_batch(), self.lr_factor())
+        fields = self._announced + (self.lr_factor(),)
         start, untimed = self._t_start, self._untimed
         self._untimed = 0.0
         self.reported = t
@@ -605,8 +644,10 @@ class Session:
         self.mode.before_push(self)
         self._push_wait = time.perf_counter() - start
 
-    def step_done(self) -> None:
-        """Call once this iteration's push/pull has completed (engine synchronised)."""
+    def step_done(self, global_grad_sqr: Optional[float] = None) -> None:
+        """Call once this iteration's push/pull has completed (engine synchronised).
+        ``global_grad_sqr``: rank 0's |sum of every worker's gradients|^2 after the pull, in
+        a mode that asks for it (as :meth:`gradients_ready`'s), sent with the done."""
         now = time.perf_counter()
         sync = now - (self._t_ready if self._t_ready is not None else now) - self._push_wait
         iteration_s = now - self._t_end
@@ -616,10 +657,9 @@ class Session:
             self._signals.begin()       # the next compute phase starts now
             msg = P.done(self.iteration, self._alloc_wait + self._push_wait + sync, sync,
                          iteration_s)
-            if self.global_grad_sqr is not None:
-                msg["global_grad_sqr"] = (self.global_grad_sqr
-                                          if math.isfinite(self.global_grad_sqr) else None)
-                self.global_grad_sqr = None
+            if global_grad_sqr is not None:
+                msg["global_grad_sqr"] = (global_grad_sqr
+                                          if math.isfinite(global_grad_sqr) else None)
             self.send(msg)
         self._push_wait = 0.0
 

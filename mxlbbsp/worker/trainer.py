@@ -353,7 +353,7 @@ class Trainer(gluon.Trainer):
                 clock.mark("push")
         if self._by_engine:
             if not sess.model_info:
-                sess.model_info = self._model_info()
+                sess.describe_model(self._model_info())
             _engine.call_after(sess.report_when_ready(), reads=self._grads(),
                                writes=self._order())
             if clock is not None:
@@ -367,10 +367,9 @@ class Trainer(gluon.Trainer):
             if clock is not None:
                 clock.mark("engine")
             if not sess.model_info:
-                sess.model_info = self._model_info()
-            if sess.coordinated and sess.mode.grad_norms:
-                sess.grad_sqr = self.grad_sqr()
-            sess.gradients_ready()
+                sess.describe_model(self._model_info())
+            sess.gradients_ready(self.grad_sqr() if sess.coordinated and sess.mode.grad_norms
+                                 else None)
             if clock is not None:
                 clock.mark("report")
             sess.before_push()
@@ -448,9 +447,10 @@ class Trainer(gluon.Trainer):
         if not (self._distributed and self._update_on_kvstore):
             self._optimizer.rescale_grad = self._scale / norm
         self._reduced = False
+        global_grad_sqr = None          # of the pulled sum of every worker's gradients
         if sess is not None and sess.coordinated and sess.rank == 0 and self._distributed \
                 and not self._update_on_kvstore and sess.mode.grad_norms:
-            sess.global_grad_sqr = self.grad_sqr()     # the pulled sum of every worker's
+            global_grad_sqr = self.grad_sqr()
         self._update(ignore_stale_grad)
         clock = sess.clock if sess is not None else None
         if clock is not None:
@@ -473,7 +473,7 @@ class Trainer(gluon.Trainer):
             nd.waitall()
             if clock is not None:
                 clock.mark("pull")
-            sess.step_done()
+            sess.step_done(global_grad_sqr)
             if clock is not None:
                 clock.mark("done")
         if sess is not None:
