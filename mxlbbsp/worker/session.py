@@ -174,6 +174,9 @@ class Session:
         self._send_lock = threading.Lock()
         self._t_end = None                # when the previous step ended
         self._t_ready = None              # when this iteration's gradients were ready
+        #: engine-timed: how long the engine idled between the step before and this
+        #: iteration's compute (the report's function sets it, the done's reads it)
+        self._idle = float("inf")
         self._t_start = None              # when this iteration's slice was known
         # the report and done of an iteration the engine sends (report_when_ready,
         # done_when_finished): how many were handed over and have run, the last iteration
@@ -561,13 +564,18 @@ class Session:
             begin = max(start, self._t_end if self._t_end is not None else start)
             compute = max(now - begin - untimed, 1e-9)
             self._compute, self._t_ready = compute, now
+            # the engine idled from the step before to this compute: the most of the main
+            # thread's wait for this slice that held the worker up (the rest overlapped it)
+            self._idle = begin - self._t_end if self._t_end is not None else float("inf")
             self._post(None, (t, local, total, compute) + fields)
         return report
 
     def done_when_finished(self) -> Callable[[], None]:
         """This iteration's done, as a function for the engine to call once the step's
         update is done (instead of :meth:`step_done` after waiting for it); as
-        :meth:`report_when_ready`, sent by the main thread."""
+        :meth:`report_when_ready`, sent by the main thread. Its wait counts the main
+        thread's wait for the slice only as far as the engine idled for it (the main thread
+        may wait while the engine still runs the step before)."""
         t, alloc_wait = self.iteration, self._alloc_wait
         self._handed_over()
 
@@ -576,7 +584,8 @@ class Session:
             sync = now - (self._t_ready if self._t_ready is not None else now)
             iteration_s = now - (self._t_end if self._t_end is not None else now)
             self._t_end = now
-            self._post(t, P.done(t, alloc_wait + sync, sync, iteration_s))
+            waited = min(alloc_wait, self._idle) + sync
+            self._post(t, P.done(t, waited, sync, iteration_s))
         return done
 
     def _handed_over(self) -> None:
