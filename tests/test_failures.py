@@ -291,19 +291,39 @@ def _killed_mid_run(options: list, started: str, pick):
     return job, rc, [line for line in job.lines if "error:" in line and "[mxlbbsp]" in line]
 
 
-@pytest.mark.parametrize("what", ["relay", "guard"])
+class _SeenLate:
+    """The relay killed while its guard is stopped for 1.5 s: the guard reports the relay's
+    end only then, after the relay's workers ended on their lost connection (as over SSH,
+    where their exits may come in first)."""
+
+    def __init__(self, relay):
+        self.relay = relay
+
+    def kill(self):
+        guard = self.relay.parent()
+        guard.suspend()
+        try:
+            self.relay.kill()
+            time.sleep(1.5)
+        finally:
+            guard.resume()
+
+
+@pytest.mark.parametrize("what", ["relay", "guard", "relay seen late"])
 def test_a_killed_relay_ends_the_job_naming_its_host(what):
     """Issue 26: the host's relay (--relay on: two workers on this host) killed with -9,
-    itself or its guard: the job ends with one line that names it and its host, not its
+    itself or its guard, or itself with its end reported after its workers' (they lost
+    their connection): the job ends with one line that names it and its host, not its
     workers' lost connections, and leaves nothing behind."""
     sockets_before = relay_sockets()
+    pick = {"relay": relay_of, "guard": lambda job: relay_of(job).parent(),
+            "relay seen late": lambda job: _SeenLate(relay_of(job))}[what]
     job, rc, errors = _killed_mid_run(
-        ["--relay", "on"], r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)",
-        lambda job: relay_of(job) if what == "relay" else relay_of(job).parent())
+        ["--relay", "on"], r"\[mxlbbsp\] started 2 worker\(s\), 1 relay\(s\)", pick)
     assert rc == 137, job.output
     assert len(errors) == 1, job.output
-    said = ("the relay of localhost was killed by SIGKILL" if what == "relay" else
-            "the relay of localhost exited with code 137: its guard was killed (SIGKILL)")
+    said = ("the relay of localhost exited with code 137: its guard was killed (SIGKILL)"
+            if what == "guard" else "the relay of localhost was killed by SIGKILL")
     assert said in errors[0], job.output
     assert wait_no_leftovers(job.marker) == []
     assert relay_sockets() <= sockets_before     # nor its socket
