@@ -74,13 +74,14 @@ def test_a_function_that_fails_is_logged_not_raised(caplog):
 
 @pytest.mark.cluster
 def test_a_job_timed_by_the_engine_waits_less_than_its_iterations(tmp_path):
-    """In a job whose worker does not drain the engine (dist_sync, no emulated cost), the
-    wait for the split overlaps the engine's end of the step before: only the part of it
-    after that step ended counts as waiting, so no iteration waits longer than it took and
-    the summary's share of waiting stays below 100 % (it said 108 %)."""
+    """In a job whose worker does not drain the engine (MXLBBSP_ENGINE_CLOCK=1, no emulated
+    cost), the wait for the split overlaps the engine's end of the step before: only the
+    part of it after that step ended counts as waiting, so no iteration waits longer than
+    it took and the summary's share of waiting stays below 100 % (it said 108 %)."""
     from conftest import PY, ROOT, run_mxlbbsp
     metrics = tmp_path / "m.jsonl"
-    r = run_mxlbbsp("launch", "-n", 2, "--progress", "0", "--metrics", metrics, "--", PY,
+    r = run_mxlbbsp("launch", "-n", 2, "--progress", "0", "--metrics", metrics,
+                    "--env", "MXLBBSP_ENGINE_CLOCK=1", "--", PY,
                     ROOT / "benchmarks" / "_overhead_train.py", "--impl", "mxlbbsp",
                     "--model", "mlp64", "--iterations", 150, "--warmup", 5, timeout=240)
     assert r.rc == 0, r.output

@@ -60,6 +60,10 @@ MXLBBSP_BATCH_SCHEDULE a metrics file whose global batch sizes (and recorded lea
 MXLBBSP_TIMELINE       set by the user (``--env``; benchmarks/overhead.py): a folder where each
                        worker writes the clock readings of its iterations' phases at its end
                        (``timeline-RANK.json``, mxlbbsp.worker.timeline); absent: none taken
+MXLBBSP_ENGINE_CLOCK   set by the user (``--env``): 1 lets MXNet's engine time a worker's
+                       report and done (mxlbbsp.worker.engine) where the job allows it;
+                       absent: the worker waits for the engine (the default: the engine's
+                       clock misread a small model's compute, see mxlbbsp.worker.trainer)
 =====================  ===========================================================
 """
 from __future__ import annotations
@@ -127,6 +131,7 @@ SNAPSHOTS = "MXLBBSP_SNAPSHOTS"
 LR_SCALING = "MXLBBSP_LR_SCALING"
 BATCH_SCHEDULE = "MXLBBSP_BATCH_SCHEDULE"
 TIMELINE = "MXLBBSP_TIMELINE"
+ENGINE_CLOCK = "MXLBBSP_ENGINE_CLOCK"
 
 #: every variable the launcher writes for the job itself (ps_env, worker_env): `--env` may
 #: not override them. Each maps to the launcher option that sets it (None: none, it is the
@@ -316,6 +321,11 @@ def resume(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
 def hold(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]:
     """MXLBBSP_HOLD: where a worker started ahead of its job waits (None: it does not)."""
     return _address(env, HOLD)
+
+
+def engine_clock(env: Optional[Mapping[str, str]] = None) -> bool:
+    """MXLBBSP_ENGINE_CLOCK: the engine times the report and done (worker/engine.py)."""
+    return get(env, ENGINE_CLOCK) == "1"
 
 
 def snapshots(env: Optional[Mapping[str, str]] = None) -> bool:
