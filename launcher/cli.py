@@ -287,6 +287,10 @@ def cli(verbose):
 @click.option("--discovery-interval", type=float, default=_default("discovery_interval"),
               show_default=True, metavar="S",
               help="Elastic job: seconds between two runs of the discovery script.")
+@click.option("--start-timeout", type=float, default=_default("start_timeout"),
+              show_default=True, metavar="S",
+              help="Elastic job: seconds to wait at the start for --min-workers worker "
+                   "slots from the discovery script; then the job ends with exit 1.")
 @click.option("--start-ahead/--no-start-ahead", default=_default("start_ahead"),
               show_default=True,
               help="Elastic job: on a change of hosts, start the next workers while the job "
@@ -304,8 +308,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
            relay, hubs, remote_python, checkpoint_dir, checkpoint_every, resume, restarts,
-           host_discovery_script, min_workers, max_workers, discovery_interval, start_ahead,
-           dry_run, verbose, command, **mode_values):
+           host_discovery_script, min_workers, max_workers, discovery_interval, start_timeout,
+           start_ahead, dry_run, verbose, command, **mode_values):
 
     configure_logging(verbose)
 
@@ -325,7 +329,8 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
         restarts=restarts, host_discovery_script=host_discovery_script,
         min_workers=min_workers, max_workers=max_workers,
-        discovery_interval=discovery_interval, start_ahead=start_ahead)
+        discovery_interval=discovery_interval, start_timeout=start_timeout,
+        start_ahead=start_ahead)
     config.preflight()          # the machine's part, once: nothing has started yet
     if config.elastic:
         return run_elastic(config)

@@ -406,74 +406,104 @@ def run_elastic(config) -> int:
     """An elastic job to its end: generations of :class:`~.job.Job` on the hosts of the
     moment, joined by resizes (module docstring), each on its own copy of ``config`` (which
     has passed its preflight); the exit code of the last."""
-    import time
-
-    from .job import NO_RESTART, Job, _finished
     from .procs import Output
 
     output = Output(None if config.dry_run else config.log_dir)
-    membership = _membership(config, output.say)
-    low = config.min_workers or 1
-    limit = config.restarts or FAILURES
-    started = time.monotonic()
-    try:
-        hosts = membership.first()
-    except DiscoveryFailed as exc:
-        output.say(f"error: {exc}")
-        return 2
-    deadline = started + config.start_timeout
-    while slots(hosts) < low:
-        if time.monotonic() > deadline:
-            output.say(f"error: {slots(hosts)} worker slot(s) after {config.start_timeout:g} s, "
-                       f"fewer than --min-workers {low}; raise --start-timeout or lower "
-                       "--min-workers")
-            return 1
-        time.sleep(config.discovery_interval)
+    return _ElasticRun(config, output, _membership(config, output.say)).run()
+
+
+class _ElasticRun:
+    """The loop of :func:`run_elastic`: the first hosts, then one generation after another
+    until one ends in neither a resize nor a failure that may be recovered from."""
+
+    def __init__(self, config, output, membership: Membership):
+        import time
+
+        self.config, self.output, self.membership = config, output, membership
+        self.low = config.min_workers or 1
+        self.limit = config.restarts or FAILURES
+        self.started = time.monotonic()
+        self.failures = 0
+        self.launch_start: Optional[int] = None
+        self.totals = {"resizes": 0, "restarts": 0, "paused_s": 0.0, "lost": 0}
+        self.prepared = None       # the next generation, started ahead and taken
+
+    def run(self) -> int:
+        hosts = self._first_hosts()
+        if isinstance(hosts, int):
+            return hosts
+        self.membership.start()
         try:
-            hosts = membership.first()
-        except DiscoveryFailed as exc:
-            output.say(f"error: {exc}")
-            return 2
-    membership.start()
-    failures = 0
-    checked: set = set()
-    launch_start: Optional[int] = None
-    note: Optional[Note] = None
-    totals = {"resizes": 0, "restarts": 0, "paused_s": 0.0, "lost": 0}
-    def generation(hosts, checked, first: bool) -> Job:
+            return self._generations(hosts)
+        finally:
+            self.membership.stop()
+            if self.prepared is not None:
+                self.prepared.discard()
+
+    def _first_hosts(self):
+        """The hosts of the first generation, once they have ``--min-workers`` slots; or
+        the exit code when they do not come."""
+        import time
+
+        config, low = self.config, self.low
+        deadline = self.started + config.start_timeout
+        while True:
+            try:
+                hosts = self.membership.first()
+            except DiscoveryFailed as exc:
+                self.output.say(f"error: {exc}")
+                return 2
+            if slots(hosts) >= low:
+                return hosts
+            if time.monotonic() > deadline:
+                self.output.say(f"error: {slots(hosts)} worker slot(s) after "
+                                f"{config.start_timeout:g} s, fewer than --min-workers {low}; "
+                                "raise --start-timeout or lower --min-workers")
+                return 1
+            time.sleep(config.discovery_interval)
+
+    def _generation(self, hosts, checked, first: bool):
         """The job of one generation on ``hosts``."""
-        job = Job(generation_config(config, first), output=output, hosts=hosts)
-        job.since = started
+        from .job import Job
+
+        job = Job(generation_config(self.config, first), output=self.output, hosts=hosts)
+        job.since = self.started
         job.checked_hosts = checked
         return job
 
-    def prepare(current: Job):
-        if not config.start_ahead or config.dry_run:
+    def _prepare(self, current):
+        """How the watcher starts the next generation ahead (``--start-ahead``), or None."""
+        if not self.config.start_ahead or self.config.dry_run:
             return None
-        return lambda after: generation(after, {h.name for h in current.hosts}, False)
+        return lambda after: self._generation(after, {h.name for h in current.hosts}, False)
 
-    prepared = None
-    try:
+    def _generations(self, hosts):
+        """The exit code of the last generation."""
+        import time
+
+        from .job import _finished
+
+        checked: set = set()
+        note: Optional[Note] = None
         while True:
-            job = prepared or generation(hosts, checked, first=note is None)
-            prepared = None
-            if launch_start is None:
-                launch_start = job.launch_start      # the summary counts the launch's
-            job.launch_start = launch_start
-            job.elastic = Watcher(job, membership, low)
-            job.elastic.prepare = prepare(job)
-            job.note, job.elastic_totals = note, totals
+            job = self.prepared or self._generation(hosts, checked, first=note is None)
+            self.prepared = None
+            if self.launch_start is None:
+                self.launch_start = job.launch_start     # the summary counts the launch's
+            job.launch_start = self.launch_start
+            job.elastic = watcher = Watcher(job, self.membership, self.low)
+            watcher.prepare = self._prepare(job)
+            job.note, job.elastic_totals = note, self.totals
             if note is None:
                 done = _finished(job)
                 if done is not None:
                     return done
             rc = None
-            watcher = job.elastic
             try:
                 rc = job.run()
             finally:
                 if rc == EXIT_RESIZE:
-                    prepared = watcher.take_next()
+                    self.prepared = watcher.take_next()
                 else:
                     watcher.discard_next()
             checked = {h.name for h in hosts}
@@ -484,35 +514,43 @@ def run_elastic(config) -> int:
                             watcher.saved_since or time.monotonic(), 0)
                 hosts = after
                 continue
-            if rc == EXIT_BELOW:
-                return 1
-            if rc in NO_RESTART or config.dry_run or job.signal is not None:
-                return rc
-            failures += 1
-            if failures > limit:
-                output.say(f"no restart: {failures - 1} failure(s) recovered from already "
-                           f"(--restarts {limit})")
-                return rc
-            left = membership.hosts()
-            failed = job.transport.preflight(left)
-            usable = [h for h in left if h.name not in failed]
-            checked = {h.name for h in usable}
-            if slots(usable) < low:
-                output.say(f"error: {slots(usable)} worker slot(s) left after the failure, "
-                           f"fewer than --min-workers {low}")
-                return rc
-            latest = _latest(config.checkpoint_dir)
-            resumed = latest + 1 if latest is not None else 0
-            reached = job.coordinator.progress().iteration if job.coordinator else -1
-            note = Note("restarted", job.config.num_workers, slots(usable), resumed,
-                        job.reason or f"exit code {rc}",
-                        watcher.saved_since or time.monotonic(),
-                        max(0, reached + 1 - resumed))
-            hosts = usable
-    finally:
-        membership.stop()
-        if prepared is not None:
-            prepared.discard()
+            recovered = self._after_failure(job, watcher, rc)
+            if isinstance(recovered, int):
+                return recovered
+            note, hosts, checked = recovered
+
+    def _after_failure(self, job, watcher, rc):
+        """After a generation that ended other than in a resize: (the note, the hosts and
+        the hosts checked) of the restart, or the exit code of the job."""
+        import time
+
+        from .job import NO_RESTART
+
+        config, output, low = self.config, self.output, self.low
+        if rc == EXIT_BELOW:
+            return 1
+        if rc in NO_RESTART or config.dry_run or job.signal is not None:
+            return rc
+        self.failures += 1
+        if self.failures > self.limit:
+            output.say(f"no restart: {self.failures - 1} failure(s) recovered from already "
+                       f"(--restarts {self.limit})")
+            return rc
+        left = self.membership.hosts()
+        failed = job.transport.preflight(left)
+        usable = [h for h in left if h.name not in failed]
+        if slots(usable) < low:
+            output.say(f"error: {slots(usable)} worker slot(s) left after the failure, "
+                       f"fewer than --min-workers {low}")
+            return rc
+        latest = _latest(config.checkpoint_dir)
+        resumed = latest + 1 if latest is not None else 0
+        reached = job.coordinator.progress().iteration if job.coordinator else -1
+        note = Note("restarted", job.config.num_workers, slots(usable), resumed,
+                    job.reason or f"exit code {rc}",
+                    watcher.saved_since or time.monotonic(),
+                    max(0, reached + 1 - resumed))
+        return note, usable, {h.name for h in usable}
 
 
 def _latest(directory) -> Optional[int]:

@@ -220,6 +220,27 @@ def test_a_discovery_script_that_keeps_failing_is_exit_2(tmp_path):
     assert len([line for line in lines if "warning:" in line]) == 1, r.output
 
 
+def test_too_few_slots_until_the_start_timeout_ends_the_job_saying_what_to_change(tmp_path):
+    """The discovery script lists one slot for the whole --start-timeout: the job ends with
+    exit 1 and one line, having started nothing (the script was asked more than once)."""
+    script = tmp_path / "discover.sh"
+    calls = tmp_path / "calls"
+    script.write_text(f"#!/bin/sh\necho x >> {calls}\necho 127.0.0.1:1\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    r = run_mxlbbsp("launch", "--host-discovery-script", script, "--discovery-interval", 0.2,
+                    "--min-workers", 2, "--start-timeout", 1, "--checkpoint-dir",
+                    tmp_path / "ck", "--", PY, SCRIPT, tmp_path)
+    assert r.rc == 1, r.output
+    assert r.stderr.strip().splitlines()[-1] == (
+        "[mxlbbsp] error: 1 worker slot(s) after 1 s, fewer than --min-workers 2; raise "
+        "--start-timeout or lower --min-workers"), r.output
+    assert len(calls.read_text().split()) >= 3, r.output
+    assert "Traceback" not in r.output, r.output
+    ck = tmp_path / "ck"
+    assert not ck.exists() or not any(ck.iterdir()), list(ck.iterdir())   # nothing trained
+    assert wait_no_leftovers(r.marker) == []
+
+
 @pytest.mark.parametrize("args, said", [
     (["--min-workers", 3, "--max-workers", 2], "--min-workers 3 is above --max-workers 2"),
     (["--max-workers", 0], "--max-workers 0: must be in 1..65536"),
