@@ -36,7 +36,17 @@ def auto_min_batch(global_batch: int, num_workers: int, batchnorm: bool) -> int:
 def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[str]:
     """The first problem with the job's configuration as the workers declared it
     (``hellos`` in rank order), or None; sets ``balancer.max_batch`` from the caps."""
-    n = config.num_workers
+    problem = _check_agreement(hellos)
+    if problem:
+        return problem
+    B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
+    return (_check_data(hellos, config, B, N)
+            or _check_least(config, policy, B)
+            or _check_caps(hellos, config, policy, balancer, B))
+
+
+def _check_agreement(hellos: Sequence[dict]) -> Optional[str]:
+    """The workers build the same DataLoader over the same data."""
     for field, what in (("global_batch_size", "global batch size"),
                         ("dataset_size", "data set size")):
         values = {h[field] for h in hellos}
@@ -44,10 +54,12 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
             detail = ", ".join(f"rank {r}: {h[field]}" for r, h in enumerate(hellos))
             return f"the workers disagree on the {what} ({detail}); every worker must " \
                    "build the same mxlbbsp.DataLoader"
-    problem = _check_identity(hellos)
-    if problem:
-        return problem
-    B, N = hellos[0]["global_batch_size"], hellos[0]["dataset_size"]
+    return _check_identity(hellos)
+
+
+def _check_data(hellos: Sequence[dict], config, B: int, N: int) -> Optional[str]:
+    """The global batch against the workers, the data set and the checkpoint resumed."""
+    n = config.num_workers
     saved = config.resume_manifest
     if saved is not None and (saved["global_batch_size"] != B
                               or saved.get("dataset_size") not in (None, N)):
@@ -69,6 +81,12 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
         return (f"the last global batch of each epoch has {short} samples, fewer than the "
                 f"{n} workers; pass last_batch='discard' to mxlbbsp.DataLoader or change "
                 "the global batch size")
+    return None
+
+
+def _check_least(config, policy, B: int) -> Optional[str]:
+    """--min-batch-size against the smallest global batch the job can have."""
+    n = config.num_workers
     low = config.min_batch_size
     smallest = getattr(policy, "lo", None)        # courier: --batch-range's minimum
     if low is not None and isinstance(smallest, int) and low * n > smallest:
@@ -79,6 +97,15 @@ def check_hellos(hellos: Sequence[dict], config, policy, balancer) -> Optional[s
         return (f"--min-batch-size {low} is more than the global batch size {B} / {n} "
                 f"workers ({B // n} each): every worker must be able to get it; use at most "
                 f"{B // n}, or fewer workers")
+    return None
+
+
+def _check_caps(hellos: Sequence[dict], config, policy, balancer, B: int) -> Optional[str]:
+    """The workers' maximum batch sizes against the splits the mode makes; sets
+    ``balancer.max_batch``."""
+    n = config.num_workers
+    low = config.min_batch_size
+    smallest = getattr(policy, "lo", None)        # courier: --batch-range's minimum
     caps = [h.get("max_batch_size") for h in hellos]
     if config.max_batch_size is not None:
         cap = config.max_batch_size

@@ -320,21 +320,7 @@ class Trainer(gluon.Trainer):
         clock = sess.clock if sess is not None else None
         if clock is not None:
             clock.mark("compute")
-        if not self._kv_initialized:
-            self._optimizer.rescale_grad = self._scale / nominal
-            self._init_kvstore()
-        if self._params_to_init:
-            # Not the running statistics: Gluon would broadcast one worker's, which its first
-            # forward pass has already updated from its own batch, over everybody's. They
-            # start equal on every worker (initialiser or checkpoint) and are combined below.
-            self._params_to_init = [p for p in self._params_to_init
-                                    if p not in self._stats.members]
-            self._init_params()
-            if self._distributed and not self._update_on_kvstore:
-                # The initial pull of the parameters must be done before this worker pushes
-                # gradients to the same keys: else the others' pushes and this one can
-                # complete a round first, and the pull returns a gradient sum instead.
-                nd.waitall()
+        self._first_step(nominal)
         if sess is not None and self._mean_loss and sess.batch_local > 1:
             for param in self._params:     # back to the per-sample sum: .loss_head
                 if param.grad_req != "null":
@@ -351,30 +337,8 @@ class Trainer(gluon.Trainer):
             self._push_grads()
             if clock is not None:
                 clock.mark("push")
-        if self._by_engine:
-            if not sess.model_info:
-                sess.describe_model(self._model_info())
-            _engine.call_after(sess.report_when_ready(), reads=self._grads(),
-                               writes=self._order())
-            if clock is not None:
-                clock.mark("report")
-        elif sess is not None:
-            if early:
-                for grad in self._grads():      # backward done (not the pushes)
-                    grad.wait_to_read()
-            else:
-                nd.waitall()
-            if clock is not None:
-                clock.mark("engine")
-            if not sess.model_info:
-                sess.describe_model(self._model_info())
-            sess.gradients_ready(self.grad_sqr() if sess.coordinated and sess.mode.grad_norms
-                                 else None)
-            if clock is not None:
-                clock.mark("report")
-            sess.before_push()
-            if clock is not None:
-                clock.mark("slot")
+        if sess is not None:
+            self._report(sess, early, clock)
         if early:
             self._pull_grads()
             if self.sync_aux:
@@ -394,6 +358,53 @@ class Trainer(gluon.Trainer):
         self._allreduce_grads()
         if clock is not None:
             clock.mark("push")
+
+    def _first_step(self, nominal) -> None:
+        """The kvstore and the parameters, on the first step (and a parameter added since)."""
+        if not self._kv_initialized:
+            self._optimizer.rescale_grad = self._scale / nominal
+            self._init_kvstore()
+        if self._params_to_init:
+            # Not the running statistics: Gluon would broadcast one worker's, which its first
+            # forward pass has already updated from its own batch, over everybody's. They
+            # start equal on every worker (initialiser or checkpoint) and are combined below.
+            self._params_to_init = [p for p in self._params_to_init
+                                    if p not in self._stats.members]
+            self._init_params()
+            if self._distributed and not self._update_on_kvstore:
+                # The initial pull of the parameters must be done before this worker pushes
+                # gradients to the same keys: else the others' pushes and this one can
+                # complete a round first, and the pull returns a gradient sum instead.
+                nd.waitall()
+
+    def _report(self, sess, early: bool, clock) -> None:
+        """The gradients ready, told to the coordinator, and the mode's wait before the push:
+        pushed into MXNet's engine behind the gradients (the engine clock), or after waiting
+        for them here (the backward alone when the pushes are already issued)."""
+        if self._by_engine:
+            if not sess.model_info:
+                sess.describe_model(self._model_info())
+            _engine.call_after(sess.report_when_ready(), reads=self._grads(),
+                               writes=self._order())
+            if clock is not None:
+                clock.mark("report")
+            return
+        if early:
+            for grad in self._grads():      # backward done (not the pushes)
+                grad.wait_to_read()
+        else:
+            nd.waitall()
+        if clock is not None:
+            clock.mark("engine")
+        if not sess.model_info:
+            sess.describe_model(self._model_info())
+        sess.gradients_ready(self.grad_sqr() if sess.coordinated and sess.mode.grad_norms
+                             else None)
+        if clock is not None:
+            clock.mark("report")
+        sess.before_push()
+        if clock is not None:
+            clock.mark("slot")
 
     def _model_info(self) -> dict:
         """What the first report tells the coordinator of the model and the optimizer."""
