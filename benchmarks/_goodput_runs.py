@@ -277,7 +277,7 @@ def coordinator_cost(workers=(2, 16), iterations=300, rounds=3) -> dict:
     side by side (the modes interleaved per round): a real coordinator (NARX, in this
     process) and ``workers`` worker sessions over loopback TCP in one thread, with emulated
     compute times (a fixed cost and a per-sample cost, 1:3 for the last worker) and
-    gradient norms (a noise scale of 200). Per mode and size: ``Coordinator.alloc_latency``
+    gradient norms (a noise scale of 200). Per mode and size: ``Coordinator.split_latency``
     (the last report in to the split handed to the sockets), and the policy's
     ``after_split`` (goodput's planning, after the split is out), in ms."""
     import math
@@ -326,10 +326,10 @@ def coordinator_cost(workers=(2, 16), iterations=300, rounds=3) -> dict:
         speed = np.full(n, 3000.0)
         speed[-1] = 1000.0
         for _ in range(iterations):
-            sizes = [s.next_iteration(None if mode == "goodput" else B0)[2]
+            split = [s.next_iteration(None if mode == "goodput" else B0)[2]
                      for s in sessions]
-            sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(dim) for b in sizes]
-            for s, part, b, v in zip(sessions, sums, sizes, speed):
+            sums = [b * G + math.sqrt(b) * sd * rng.standard_normal(dim) for b in split]
+            for s, part, b, v in zip(sessions, sums, split, speed):
                 s._t_end -= 0.005 + b / v
                 s.gradients_ready(float(part @ part))
             total = np.sum(sums, axis=0)
@@ -340,7 +340,7 @@ def coordinator_cost(workers=(2, 16), iterations=300, rounds=3) -> dict:
             s.close()
         coord.finished.wait(10)
         coord.stop()
-        latency = np.array(list(coord.alloc_latency)[5:]) * 1e3
+        latency = np.array(list(coord.split_latency)[5:]) * 1e3
         return latency, np.array(spent[5:]) * 1e3
 
     for n in workers:

@@ -9,7 +9,7 @@ model, a metrics file). The workers are light clients that speak ``mxlbbsp.core.
 asyncio protocols (no MXNet), a few hundred per client process, in separate processes.
 Each one says ``hello`` with the job's token, then per iteration t
 
-    report(t)  ->  wait for alloc(t+2)  ->  done(t)  ->  (simulated compute)  ->  report(t+1)
+    report(t)  ->  wait for slice(t+2)  ->  done(t)  ->  (simulated compute)  ->  report(t+1)
 
 (the coordinator's answer to the reports of t is the split of t+2: lbbsp decides a split an
 iteration ahead, and iteration t+1's came with the reports of t-1, or right after the
@@ -35,14 +35,14 @@ iteration in one frame. The relays are the real ones, all in one process on the 
 (benchmarks/_hosts.py): on a cluster each runs on its own host, in parallel.
 
 Measured per iteration: the **allocation latency**, from the moment the last report of
-iteration t is sent (client clock) until every worker has received the answer, alloc(t+2)
+iteration t is sent (client clock) until every worker has received the answer, slice(t+2)
 (the last client's receive time; CLOCK_MONOTONIC is the same clock in every process on
 Linux); with relays also the **relay-to-relay latency**, from the last relay's report section
 of t sent to the last relay's SLICES frame of t+2 received (the coordinator's share: on this machine
 the end-to-end figure also holds the n/K relays taking turns on one core); the coordinator
 thread's CPU time per iteration (its thread CPU clock, slope over the measured iterations),
 its metrics writer thread's, and the relays' process's (per relay: divided by n/K); and
-``Coordinator.alloc_latency`` (server side: from the last report's arrival to the allocation
+``Coordinator.split_latency`` (server side: from the last report's arrival to the allocation
 written to every socket). Median and p99 over the measured iterations (the first ``--skip``
 are left out).
 
@@ -218,7 +218,7 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
         for _ in range(AHEAD):
             msg = w.next()
             w.slices[msg["iteration"]] = msg["size"]
-    sizes = dict(enumerate(welcome["allocation"]))      # rank -> its batch size
+    sizes = dict(enumerate(welcome["split"]))      # rank -> its batch size
     last_sent, first_recv, last_recv = [], [], []
     for t in range(iterations):
         group.expect(len(workers))
@@ -238,9 +238,9 @@ async def _client(addr, token: str, ranks: List[int], n: int, B: int, iterations
         await group.wait()
         for w in workers:            # one message per worker: its own slice
             msg = w.next()
-            if msg["type"] != P.ALLOC or msg["iteration"] != t + 1 + AHEAD \
+            if msg["type"] != P.SLICE or msg["iteration"] != t + 1 + AHEAD \
                     or msg["total"] != B or msg["size"] < 1:
-                raise RuntimeError(f"iteration {t}: expected alloc({t + 1 + AHEAD}) of {B} "
+                raise RuntimeError(f"iteration {t}: expected slice({t + 1 + AHEAD}) of {B} "
                                    f"samples, got {w.line[:200]!r}")
             w.slices[msg["iteration"]] = msg["size"]
             sizes[w.rank] = w.slices.pop(t + 1)
@@ -418,7 +418,7 @@ def measure(n: int, iterations: int, arrival: str = "spread", compute_ms: float 
                 asyncio.run_coroutine_threadsafe(_call(profiler.disable), coord._loop).result()
             if coord.failure:
                 raise RuntimeError(f"coordinator failed: {coord.failure}")
-            server = np.array(list(coord.alloc_latency)[max(skip - 1, 0):]) * 1000
+            server = np.array(list(coord.split_latency)[max(skip - 1, 0):]) * 1000
         finally:
             coord.stop()
     last_sent = np.max([r["last_sent"] for r in results], axis=0)
@@ -475,12 +475,12 @@ async def _call(fn):
 
 #: what --profile's breakdown times inside the coordinator, per iteration (phase -> owner
 #: attribute, method): the critical path from the last report to the broadcast is
-#: decide = speed model (the fit, the regime, the predictor) + allocate + send allocations
+#: decide = speed model (the fit, the regime, the predictor) + split + send split
 PHASES = {"frames (all)": ("inbox", "on_frames"), "lines (all)": ("inbox", "on_line"),
           "decide": (None, "decide"), "speed model": ("speed", "model"),
           "predictor observe+predict": ("_predictor", "observe"),
           "predictor predict": ("_predictor", "predict"),
-          "allocate": ("balancer", "allocate"), "send allocations": (None, "send_split"),
+          "split": ("balancer", "split"), "send split": (None, "send_split"),
           "flush_records": (None, "_flush_records"),
           "predictor learn": ("_predictor", "learn")}
 
@@ -652,7 +652,7 @@ def main():
         path.write_text(profiles[str(n)])
         C.progress(f"  written {path}")
     rows = ["| workers | arrival | placement | allocation latency median | p99 | max | first worker "
-            "served (median) | relay to relay median / p99 | server-side alloc_latency median / "
+            "served (median) | relay to relay median / p99 | server-side split_latency median / "
             "p99 | coordinator CPU per iteration | its metrics writer | relays (per relay) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -683,7 +683,7 @@ def main():
         "section of reports sent to the last relay's split received (the coordinator's share; "
         "the end-to-end figure also holds the relays of every emulated host taking turns on "
         "one core, which a cluster's hosts do in parallel). Server-side: "
-        "Coordinator.alloc_latency, from the last report's arrival to the allocation handed "
+        "Coordinator.split_latency, from the last report's arrival to the allocation handed "
         "to every socket. CPU: the coordinator thread's CPU time per iteration (reports, "
         "dones, prediction, balancing, broadcast, the records' parts), its metrics writer "
         "thread's (records built, totalled, written: the same process), and the relays' "
@@ -836,9 +836,9 @@ def _breakdown_table(breakdowns: dict) -> str:
             "(all)' are every frame (relays) and line (workers connected directly) handled, "
             "per iteration, 'decide' among them; 'decide' runs from the last report to the "
             "end of the predictor's training step ('predictor learn'), which comes after the "
-            "allocations are sent; it holds the 'speed model' (the fit, the regime and the "
-            "predictor's observe and predict), 'allocate' and 'send allocations'; the "
-            "critical path is the part of it up to the end of 'send allocations'):\n\n"
+            "split is sent; it holds the 'speed model' (the fit, the regime and the "
+            "predictor's observe and predict), 'split' and 'send split'; the "
+            "critical path is the part of it up to the end of 'send split'):\n\n"
             + "\n".join(rows))
 
 

@@ -158,10 +158,10 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
         c = Coordinator(CoordinatorConfig(num_workers=workers, token="t", predictor=name,
                                           **options))
         sent = {}                               # no workers: each split for its iteration
-        c.send_split = c._send_allocation = lambda t, sizes: sent.__setitem__(
-            t, np.array(sizes))
-        sizes = np.full(workers, batch_per_worker)
-        c._sizes = sizes.copy()
+        c.send_split = c._send_allocation = lambda t, split: sent.__setitem__(
+            t, np.array(split))
+        split = np.full(workers, batch_per_worker)
+        c._sizes = c._in_force = split.copy()          # _sizes: a --baseline commit's name for it
         ranks = np.arange(workers)
         speed = _simulated_speeds(workers)
         splits = []
@@ -170,11 +170,11 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
         for t in range(iterations):
             f = trace[t]
             noise = rng.lognormal(0, 0.05, workers)
-            compute = (FIXED_S + PER_SAMPLE_S * sizes / speed) * f * noise
+            compute = (FIXED_S + PER_SAMPLE_S * split / speed) * f * noise
             load = np.column_stack([25 * (f - 1) + rng.normal(0, 2, workers),
                                     0.1 * (f - 1) + rng.normal(0, 0.01, workers),
                                     0.05 * f + rng.normal(0, 0.01, workers)])
-            msgs = [{"type": "report", "iteration": t, "batch_size": int(sizes[r]),
+            msgs = [{"type": "report", "iteration": t, "batch_size": int(split[r]),
                      "compute_s": float(compute[r]), "next_global_batch": B,
                      "after_next_global_batch": B,
                      "others_cpu": float(load[r, 0]), "run_delay": float(load[r, 1]),
@@ -194,8 +194,8 @@ def simulate(workers: int, iterations: int, seed: int, predictors, batch_per_wor
                     forecaster.learn()
             else:                            # a commit before issue 26's relays
                 c._on_iteration(t, dict(enumerate(msgs)))
-            sizes = sent.pop(t + 1, sizes)
-            splits.append([int(b) for b in sizes])
+            split = sent.pop(t + 1, split)
+            splits.append([int(b) for b in split])
             for k in sorted(c.recorder.predicted):      # every forecast, once
                 if k > t:
                     digest.update(np.asarray(c.recorder.predicted.pop(k),
@@ -215,13 +215,13 @@ def simulated_throughput(splits, workers: int, seed: int) -> float:
     trace = _simulated_factors(workers, len(splits), seed)
     speed = _simulated_speeds(workers)
     spent = best = 0.0
-    for t, sizes in enumerate(splits, start=1):
+    for t, split in enumerate(splits, start=1):
         if t < SIMULATED_SKIP:
             continue
         model = TimeModel(speed / (PER_SAMPLE_S * trace[t]), FIXED_S * trace[t])
-        sizes = np.asarray(sizes)
-        spent += makespan(model, sizes)
-        best += makespan(model, _split.allocate(model, int(sizes.sum())))
+        split = np.asarray(split)
+        spent += makespan(model, split)
+        best += makespan(model, _split.solve(model, int(split.sum())))
     return best / spent
 
 

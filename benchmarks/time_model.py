@@ -59,15 +59,15 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
     spike = 0.05 if noise > 0.1 else 0.02
     c = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
     sent = {}                    # no workers to send to: each split kept for its iteration
-    c.send_split = c._send_allocation = lambda t, sizes: sent.__setitem__(t, np.array(sizes))
-    sizes = np.array([B // 2, B - B // 2])
-    c._sizes = sizes.copy()
+    c.send_split = c._send_allocation = lambda t, split: sent.__setitem__(t, np.array(split))
+    split = np.array([B // 2, B - B // 2])
+    c._sizes = c._in_force = split.copy()          # _sizes: a --baseline commit's name for it
     out = []
     for t in range(iterations):
         factor = factors(t, slow, tenant, period)
         stretch = rng.lognormal(0, noise, 2) * np.where(rng.random(2) < spike, 3, 1)
-        compute = (fixed_s + per_sample_s * sizes) * factor * stretch
-        reports = {r: {"type": "report", "iteration": t, "batch_size": int(sizes[r]),
+        compute = (fixed_s + per_sample_s * split) * factor * stretch
+        reports = {r: {"type": "report", "iteration": t, "batch_size": int(split[r]),
                        "compute_s": float(compute[r]), "next_global_batch": B,
                        "after_next_global_batch": B}
                    for r in range(2)}
@@ -80,8 +80,8 @@ def run(seed, fixed_s, per_sample_s, slow, noise, iterations=120, tenant=False, 
             c._on_iteration(t, reports)
         # the split of the next iteration, when one was sent for it (a tree whose reports of
         # t split t+2 sent it an iteration before, or before any report)
-        sizes = sent.pop(t + 1, sizes)
-        out.append(int(sizes[0]))
+        split = sent.pop(t + 1, split)
+        out.append(int(split[0]))
     return out
 
 

@@ -93,7 +93,7 @@ class _Stderr(logging.Handler):
 def configure_logging(verbose: bool) -> None:
     """The only place that configures logging: the ``mxlbbsp`` loggers (the launcher, the
     coordinator, the balancing policies) write to stderr as the launcher's own lines;
-    warnings always, with -v/--verbose also each allocation and decision. The root logger
+    warnings always, with -v/--verbose also each split and decision. The root logger
     is left alone (no asyncio debug lines)."""
     logger = logging.getLogger("mxlbbsp")
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
@@ -136,7 +136,7 @@ def _mode_options(command):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mxlbbsp")
 @click.option("-v", "--verbose", is_flag=True,
-              help="Log each allocation and the coordinator's decisions (as launch -v).")
+              help="Log each split and the coordinator's decisions (as launch -v).")
 def cli(verbose):
     """mxlbbsp: load-balanced synchronous training (LB-BSP) for Apache MXNet."""
     configure_logging(verbose)
@@ -299,7 +299,7 @@ def cli(verbose):
 @click.option("--dry-run", is_flag=True,
               help="Print the placement and the commands; start nothing.")
 @click.option("-v", "--verbose", is_flag=True,
-              help="Log each allocation (iteration, predicted speeds, the split) and the "
+              help="Log each split (iteration, predicted speeds, the split) and the "
                    "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_model, exog,

@@ -42,15 +42,15 @@ def progress_line(elapsed: float, progress, registered: int, num_workers: int,
     if p.iteration < 0:
         return (f"{elapsed:.0f} s: waiting for the first iteration ({registered}/{num_workers} "
                 f"workers registered){stopped_note(stopped)}")
-    sizes = ",".join(map(str, p.sizes)) if len(p.sizes) <= 16 else f"{len(p.sizes)} workers"
+    split = ",".join(map(str, p.split)) if len(p.split) <= 16 else f"{len(p.split)} workers"
     quiet = now - p.last_change
     if stopped or quiet > max(3 * (p.iteration_s or 0.0), 2.0):
         # nothing advances (or, with a worker stopped, soon will not): no stale samples/s;
         # a stopped worker is named at once
         return (f"{elapsed:.0f} s: iteration {p.iteration}, no iteration finished for "
-                f"{quiet:.0f} s{stopped_note(stopped)}, batch sizes {sizes}")
+                f"{quiet:.0f} s{stopped_note(stopped)}, batch sizes {split}")
     return (f"{elapsed:.0f} s: iteration {p.iteration}, {p.samples_per_s:.1f} samples/s, "
-            f"batch sizes {sizes}")
+            f"batch sizes {split}")
 
 
 def summary_lines(elapsed: float, restarts: int, summary: Optional[Mapping],

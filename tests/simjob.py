@@ -5,7 +5,7 @@ The coordinator is :class:`mxlbbsp.control.coordinator.Coordinator` itself, buil
 started: its handlers are called as its inbox calls them (a hello per worker, then each
 iteration's reports and dones as one batch, as a relay sends them), with the job's
 configuration as the launcher builds it (:class:`CoordinatorConfig`), and what it writes to a
-worker (welcome, alloc, error) is read back from that worker's writer. Each worker's loader
+worker (welcome, slice, error) is read back from that worker's writer. Each worker's loader
 walks its epochs with the functions :class:`mxlbbsp.DataLoader` uses
 (:mod:`mxlbbsp.core.epochs`) and takes its slice as its session does (``Session.slice``: the
 welcome's split at its first iteration, the equal split in modes whose coordinator sends
@@ -35,7 +35,7 @@ TOKEN = "props"
 #: the modes whose jobs the simulation runs: the synchronous ones (r2sp grants its slices
 #: through messages of its own, asp has no barrier per iteration)
 SYNCS = ("lbbsp", "bsp", "courier", "goodput")
-ALLOC = re.compile(rb'\{"type":"alloc","iteration":(\d+),"offset":(\d+),"size":(\d+),'
+SLICE = re.compile(rb'\{"type":"slice","iteration":(\d+),"offset":(\d+),"size":(\d+),'
                    rb'"total":(\d+)\}')
 
 
@@ -45,15 +45,15 @@ class Writer:
 
     def __init__(self):
         self.lines: List[bytes] = []
-        self.allocs: Dict[int, split.Slice] = {}
+        self.slices: Dict[int, split.Slice] = {}
         self.closed = False
 
     def write(self, data: bytes) -> None:
         for line in data.splitlines():
-            alloc = ALLOC.fullmatch(line)     # P.alloc_line's, read without json (n a split)
-            if alloc:
-                t, offset, size, total = map(int, alloc.groups())
-                self.allocs[t] = split.Slice(offset, size, total)
+            part = SLICE.fullmatch(line)     # P.slice_line's, read without json (n a split)
+            if part:
+                t, offset, size, total = map(int, part.groups())
+                self.slices[t] = split.Slice(offset, size, total)
             else:
                 self.lines.append(line)
 
@@ -145,7 +145,7 @@ class Step:
     epoch: int
     total: int                 # its global batch
     starts: np.ndarray         # each worker's first sample, a position in the epoch's order
-    sizes: np.ndarray          # each worker's local batch
+    split: np.ndarray          # each worker's local batch
     sent: Optional[np.ndarray]  # the coordinator's split of it (None: the equal split)
 
 
@@ -234,29 +234,29 @@ class Job:
         """Session.slice: worker ``rank``'s slice of iteration ``t`` (global batch ``size``,
         None: the one the coordinator chose)."""
         if t == self.start:
-            piece = self._slice_of("welcome", lambda: self.welcome["allocation"], rank)
-        elif not self.mode.follows_allocations:
-            piece = self._slice_of(size, lambda: split.equal_split(size, self.setup.n), rank)
+            part = self._slice_of("welcome", lambda: self.welcome["split"], rank)
+        elif not self.mode.follows_splits:
+            part = self._slice_of(size, lambda: split.equal_split(size, self.setup.n), rank)
         else:
-            piece = self.writers[rank].allocs.get(t)
-            if piece is None:
+            part = self.writers[rank].slices.get(t)
+            if part is None:
                 raise Failed(f"worker {rank} never got its slice of iteration {t}")
         if size is None:
-            return piece
-        return split.rescale_slice(piece, rank, self.setup.n, size)
+            return part
+        return split.rescale_slice(part, rank, self.setup.n, size)
 
     def _slice_of(self, key, sizes, rank: int) -> split.Slice:
         """split.slice_of(sizes(), rank), each worker's from one pass over the split
         (``key`` names it; slice_of sums the ranks before: n workers would make it n^2)."""
-        pieces = self._pieces.get(key)
-        if pieces is None:
+        parts = self._pieces.get(key)
+        if parts is None:
             sizes = [int(b) for b in sizes()]
             ends = np.cumsum(sizes).tolist()
-            pieces = [split.Slice(end - b, b, ends[-1]) for end, b in zip(ends, sizes)]
+            parts = [split.Slice(end - b, b, ends[-1]) for end, b in zip(ends, sizes)]
             for r in {0, len(sizes) // 2, len(sizes) - 1}:
-                assert pieces[r] == split.slice_of(sizes, r)
-            self._pieces[key] = pieces
-        return pieces[rank]
+                assert parts[r] == split.slice_of(sizes, r)
+            self._pieces[key] = parts
+        return parts[rank]
 
     def _loader(self, rank: int):
         """The DataLoader's iteration on worker ``rank``, for ever (one epoch per pass of
@@ -269,13 +269,13 @@ class Job:
                 cursor = 0
                 while cursor < s.N:
                     t += 1
-                    piece = self._slice(rank, t, None)
-                    if piece.total > s.N - cursor:
-                        raise Failed(f"global batch {piece.total} of iteration {t} runs past "
+                    part = self._slice(rank, t, None)
+                    if part.total > s.N - cursor:
+                        raise Failed(f"global batch {part.total} of iteration {t} runs past "
                                      f"the end of the epoch ({s.N - cursor} samples left)")
-                    cursor += piece.total
-                    yield (t, epoch, cursor - piece.total + piece.offset, piece.size,
-                           piece.total, epochs.next_cap(s.N, cursor), None)
+                    cursor += part.total
+                    yield (t, epoch, cursor - part.total + part.offset, part.size,
+                           part.total, epochs.next_cap(s.N, cursor), None)
                 continue
             first = plan.first_index(self.start, epoch)     # DataLoader.__iter__
             if first is None:
@@ -283,8 +283,8 @@ class Job:
             for k in range(first, plan.length):
                 start, size = plan.batch(k)
                 t += 1
-                piece = self._slice(rank, t, size)
-                yield (t, epoch, start + piece.offset, piece.size, size, plan.next_size(k),
+                part = self._slice(rank, t, size)
+                yield (t, epoch, start + part.offset, part.size, size, plan.next_size(k),
                        plan.next_size(k, 2))
 
     def run(self, until_epoch: int, last: Optional[int] = None,
@@ -297,7 +297,7 @@ class Job:
         while True:
             try:
                 ran = [next(loader) for loader in loaders]
-            except (split.AllocationError, ValueError) as exc:
+            except (split.SplitError, ValueError) as exc:
                 raise Failed(f"a worker failed: {exc}") from None
             t, epoch = ran[0][0], ran[0][1]
             if epoch >= until_epoch or (last is not None and t > last):
@@ -328,12 +328,12 @@ class Job:
             self._rows(dones)
 
     def sent(self, t: int) -> Optional[np.ndarray]:
-        """The coordinator's split of iteration ``t`` as its allocs carried it (None: it
+        """The coordinator's split of iteration ``t`` as its slices carried it (None: it
         sent none)."""
-        pieces = [w.allocs.get(t) for w in self.writers]
-        if any(p is None for p in pieces):
+        parts = [w.slices.get(t) for w in self.writers]
+        if any(p is None for p in parts):
             return None
-        return np.array([p.size for p in pieces], dtype=np.int64)
+        return np.array([p.size for p in parts], dtype=np.int64)
 
     def _rows(self, messages) -> None:
         c = self.coordinator

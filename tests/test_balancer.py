@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from mxlbbsp.core.timemodel import AffineFit
-from mxlbbsp.core.split import AllocationError
+from mxlbbsp.core.split import SplitError
 from mxlbbsp.core.split import Balancer
 from mxlbbsp.core.timemodel import TimeModel
-from mxlbbsp.core.split import allocate
+from mxlbbsp.core.split import solve
 from mxlbbsp.core.split import equal_split
 from mxlbbsp.core.timemodel import makespan
 from mxlbbsp.core.timemodel import pooled_slope
@@ -28,10 +28,10 @@ def test_sum_is_exactly_B_and_bounds_hold(v, extra, data):
     lo = data.draw(st.integers(1, max(1, B // n)))
     hi = data.draw(st.one_of(st.none(), st.integers(lo, B)))
     if hi is not None and hi * n < B:
-        with pytest.raises(AllocationError):
-            allocate(TimeModel.linear(v), B, lo, hi)
+        with pytest.raises(SplitError):
+            solve(TimeModel.linear(v), B, lo, hi)
         return
-    b = allocate(TimeModel.linear(v), B, lo, hi)
+    b = solve(TimeModel.linear(v), B, lo, hi)
     assert b.dtype.kind == "i"
     assert int(b.sum()) == B
     assert b.min() >= lo
@@ -44,7 +44,7 @@ def test_sum_is_exactly_B_and_bounds_hold(v, extra, data):
 def test_a_faster_worker_never_gets_a_smaller_batch(v, extra, intercept):
     B = len(v) + extra
     model = TimeModel(np.array(v), np.full(len(v), intercept))
-    b = allocate(model, B)
+    b = solve(model, B)
     order = np.argsort(v, kind="stable")
     for i, j in zip(order[:-1], order[1:]):   # v[i] <= v[j]
         if v[i] < v[j]:
@@ -60,37 +60,37 @@ def test_affine_makespan_is_minimal_against_brute_force(v, a, extra, capped):
     B = n + extra
     model = TimeModel(np.array(v), np.array(a[:n]))
     hi = max(1, (B + n - 1) // n + 1) if capped else None
-    b = allocate(model, B, 1, hi)
+    b = solve(model, B, 1, hi)
     best = min(makespan(model, c)
                for c in itertools.product(range(1, (hi or B) + 1), repeat=n) if sum(c) == B)
     assert makespan(model, b) == pytest.approx(best, rel=1e-12, abs=1e-12)
 
 
 def test_linear_split_is_proportional_to_speed():
-    assert allocate(TimeModel.linear([1, 1, 3]), 100).tolist() == [20, 20, 60]
-    assert allocate(TimeModel.linear([3, 1]), 64).tolist() == [48, 16]
+    assert solve(TimeModel.linear([1, 1, 3]), 100).tolist() == [20, 20, 60]
+    assert solve(TimeModel.linear([3, 1]), 64).tolist() == [48, 16]
 
 
 def test_finish_time_ties_go_to_the_faster_worker():
     # 2/999.9999999999999 and 2/1000 are the same float: the tie must not go to rank 0
-    assert allocate(TimeModel.linear([999.9999999999999, 1000.0]), 3).tolist() == [1, 2]
+    assert solve(TimeModel.linear([999.9999999999999, 1000.0]), 3).tolist() == [1, 2]
 
 
 def test_every_worker_gets_at_least_one_sample():
-    b = allocate(TimeModel.linear([1000.0, 1.0, 1.0]), 10)
+    b = solve(TimeModel.linear([1000.0, 1.0, 1.0]), 10)
     assert b.min() >= 1 and b.sum() == 10
 
 
 def test_infeasible_bounds_are_refused_with_a_reason():
-    with pytest.raises(AllocationError, match="smaller than the sum of the minimum"):
-        allocate(TimeModel.linear([1, 1, 1]), 2)
-    with pytest.raises(AllocationError, match="finite and positive"):
-        allocate(TimeModel.linear([1, float("nan")]), 8)
+    with pytest.raises(SplitError, match="smaller than the sum of the minimum"):
+        solve(TimeModel.linear([1, 1, 1]), 2)
+    with pytest.raises(SplitError, match="finite and positive"):
+        solve(TimeModel.linear([1, float("nan")]), 8)
 
 
 def test_equal_split_and_rescale():
     assert equal_split(10, 3).tolist() == [4, 3, 3]
-    with pytest.raises(AllocationError):
+    with pytest.raises(SplitError):
         equal_split(2, 3)
     r = rescale([48, 16], 20)
     assert r.sum() == 20 and r[0] > r[1]
@@ -116,13 +116,13 @@ def test_semi_dynamic_keeps_the_split_unless_the_gain_passes_the_threshold():
     bal = Balancer(threshold=0.05)
     current = np.array([32, 32])
     # 2% faster worker 0: the best split is barely better -> keep.
-    kept = bal.allocate(TimeModel.linear([1.02, 1.0]), 64, current)
+    kept = bal.split(TimeModel.linear([1.02, 1.0]), 64, current)
     assert kept.tolist() == [32, 32]
     # 3x faster worker 0: a big gain -> move.
-    moved = bal.allocate(TimeModel.linear([3.0, 1.0]), 64, current)
+    moved = bal.split(TimeModel.linear([3.0, 1.0]), 64, current)
     assert moved.tolist() == [48, 16]
     # A current split for another global batch is never kept.
-    assert bal.allocate(TimeModel.linear([1.0, 1.0]), 20, current).sum() == 20
+    assert bal.split(TimeModel.linear([1.0, 1.0]), 20, current).sum() == 20
 
 
 def test_affine_fit_recovers_the_fixed_cost():
@@ -157,11 +157,11 @@ def test_prefer_equal_pulls_a_split_back_when_uneven_gains_nothing():
     # fixed cost 10 s, per-sample 0.01 s and 0.011 s: the best split gains < 3 %
     model = TimeModel(np.array([100.0, 90.9]), np.array([10.0, 10.0]))
     bal = Balancer(0.03, prefer_equal=True)
-    assert bal.allocate(model, 64, [63, 1]).tolist() == [32, 32]
+    assert bal.split(model, 64, [63, 1]).tolist() == [32, 32]
     plain = Balancer(0.03)
-    assert plain.allocate(model, 64, [63, 1]).tolist() == [63, 1]     # kept: the old rule
+    assert plain.split(model, 64, [63, 1]).tolist() == [63, 1]     # kept: the old rule
     # a worker 3x slower per sample with no fixed cost: uneven wins by far
-    assert bal.allocate(TimeModel.linear([3.0, 1.0]), 64, [32, 32]).tolist() == [48, 16]
+    assert bal.split(TimeModel.linear([3.0, 1.0]), 64, [32, 32]).tolist() == [48, 16]
 
 
 def test_affine_fit_job_share_sees_a_time_that_does_not_grow_with_the_batch():
@@ -288,15 +288,15 @@ def test_the_balancer_says_why_it_chose_a_split():
     from mxlbbsp.core.timemodel import TimeModel
     b = Balancer(threshold=0.05)
     model = TimeModel.linear(np.array([100.0, 100.0]))
-    assert list(b.allocate(model, 64, [31, 33])) == [31, 33]        # 3 % gain at most: kept
+    assert list(b.split(model, 64, [31, 33])) == [31, 33]        # 3 % gain at most: kept
     assert b.decision == ("kept the split: a new one is predicted 3.0% faster, under the "
                           "threshold 5%"), b.decision
-    assert list(b.allocate(model, 64, [16, 48])) == [32, 32]
+    assert list(b.split(model, 64, [16, 48])) == [32, 32]
     assert b.decision == ("new split: predicted 33.3% faster than the current one "
                           "(threshold 5%)")
-    b.allocate(model, 64, [32, 32])
+    b.split(model, 64, [32, 32])
     assert b.decision == "the same split (still the predicted best)"
-    b.allocate(model, 64)
+    b.split(model, 64)
     assert b.decision == "new split (no current one)"
 
 

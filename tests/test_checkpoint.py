@@ -99,7 +99,7 @@ def test_uninterrupted_run_writes_complete_checkpoints(reference):
     assert (m["iteration"], m["epoch"], m["index_in_epoch"], m["global_batch_size"]) == \
         (39, 1, 17, 64)
     state = _store.coordinator_state(str(reference / "ckpt" / "ckpt-00000039"))
-    assert state["iteration"] == 39 and sum(state["sizes"]) == 64
+    assert state["iteration"] == 39 and sum(state["split"]) == 64
     assert state["metrics_records"] == 3 * 40 and state["predictor"]
     assert one_process(reference) <= 1e-4
 

@@ -315,7 +315,7 @@ def test_untimed_work_is_not_compute(coordinator, tmp_path):
 
 
 def test_alloc_messages_are_one_slice_per_worker():
-    assert P.alloc_line(3, 10, 5, 64) == P.encode(P.alloc(3, 10, 5, 64))
+    assert P.slice_line(3, 10, 5, 64) == P.encode(P.slice_message(3, 10, 5, 64))
 
 
 def test_a_global_batch_other_than_the_allocated_one_still_tiles(coordinator):
@@ -325,7 +325,7 @@ def test_a_global_batch_other_than_the_allocated_one_still_tiles(coordinator):
     ss, errors = sessions(c, 3, B=30, N=300)
     assert not errors
     run_iteration(ss, [0.1, 0.1, 0.1], B=30)
-    run_iteration(ss, [0.1, 0.2, 0.4], B=30)      # alloc(2) splits 30 unevenly
+    run_iteration(ss, [0.1, 0.2, 0.4], B=30)      # slice(2): 30 split 30 unevenly
     slices = sorted((off, off + b) for _, off, b in (s.next_iteration(20) for s in ss))
     assert slices[0][0] == 0 and slices[-1][1] == 20
     assert all(a[1] == b[0] and b[1] > b[0] for a, b in zip(slices, slices[1:]))

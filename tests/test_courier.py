@@ -413,7 +413,7 @@ def _courier_iteration(ss, speeds, sync_s=0.05, clock=None, fake=None):
         if fake is None:
             s._t_end -= local / v
         else:
-            s._alloc_wait, s._t_end, fake.now = 0.0, start, start + local / v
+            s._slice_wait, s._t_end, fake.now = 0.0, start, start + local / v
         s.gradients_ready()
     if fake is not None:
         # the pushes end once the coordinator has planned from all n reports (the split of
@@ -421,7 +421,7 @@ def _courier_iteration(ss, speeds, sync_s=0.05, clock=None, fake=None):
         # sync-time average would depend on how the two threads interleave
         planned = t + 1 + _modes.get("courier").policy.ahead
         deadline = time.monotonic() + 30
-        while not all(planned in s._alloc for s in ss) and time.monotonic() < deadline:
+        while not all(planned in s._slices for s in ss) and time.monotonic() < deadline:
             time.sleep(0.001)
     for s in ss:
         if fake is None:
@@ -520,7 +520,7 @@ def test_courier_job_uses_every_sample_once_and_a_replay_ends_with_its_parameter
     starts = [x["time"] - x["elapsed_s"] for x in recs if x.get("elapsed_s") is not None]
     assert starts and launched - 0.5 <= min(starts) <= launched + 1.0, (launched, min(starts))
     assert sum(schedule) == N * epochs                  # every sample of both epochs ...
-    union = [sorted(i for piece in slices for i in piece) for slices in read_ledger(job)]
+    union = [sorted(i for part in slices for i in part) for slices in read_ledger(job)]
     assert [len(batch) for batch in union] == schedule
     cursor, epoch_seen = 0, []
     for batch in union:                                 # ... used once per epoch

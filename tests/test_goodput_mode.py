@@ -108,7 +108,7 @@ def test_vectorised_iteration_times_are_the_integer_splits_within_a_sample():
             for B, fast in zip(batches, many):
                 exact = fn(B)
                 if kind == "hetero" and B >= 2 * n:     # the split's own least batch
-                    split = _split.allocate(m, B, 2)
+                    split = _split.solve(m, B, 2)
                     exact = float(np.max(m.time(split))) + 0.01
                 if math.isinf(exact):
                     assert math.isinf(fast)
@@ -256,7 +256,7 @@ def test_vectorised_iteration_times_keep_the_per_worker_caps():
         if B > caps.sum():
             assert math.isinf(got)
             continue
-        split = _split.allocate(m, int(B), 1, caps)
+        split = _split.solve(m, int(B), 1, caps)
         exact = float(np.max(m.time(split)))
         assert exact - float(np.max(1 / m.speed)) - 1e-9 <= got <= exact + 1e-12, B
 

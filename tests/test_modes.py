@@ -24,7 +24,7 @@ def test_registry_names_labels_and_kvstores():
                               "courier": "Courier", "goodput": "goodput"}
     assert [modes.get(m).kvstore for m in modes.available()] == \
         ["dist_sync", "dist_sync", "dist_async", "dist_async", "dist_sync", "dist_sync"]
-    assert [modes.get(m).follows_allocations for m in modes.available()] == \
+    assert [modes.get(m).follows_splits for m in modes.available()] == \
         [True, False, False, True, True, True]
     assert [modes.get(m).sets_batch for m in modes.available()] == \
         [False, False, False, False, True, True]

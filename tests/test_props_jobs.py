@@ -38,7 +38,7 @@ def where(bad, sizes, bound) -> str:
 
 
 def check_step(s: Setup, step) -> None:
-    n, total, sizes = s.n, step.total, step.sizes
+    n, total, sizes = s.n, step.total, step.split
     assert int(sizes.sum()) == total, f"iteration {step.t}: {int(sizes.sum())} of {total}"
     assert step.starts[0] + total == step.starts[-1] + sizes[-1]
     assert np.array_equal(step.starts[1:], step.starts[:-1] + sizes[:-1]), step.t
@@ -61,7 +61,7 @@ def check_ledger(s: Setup, steps, complete) -> None:
     for e in complete:
         ran = [st for st in steps if st.epoch == e]
         starts = np.concatenate([st.starts for st in ran])
-        sizes = np.concatenate([st.sizes for st in ran])
+        sizes = np.concatenate([st.split for st in ran])
         by = np.argsort(starts, kind="stable")
         starts, sizes = starts[by], sizes[by]
         assert starts[0] == 0 and starts[-1] + sizes[-1] == used, (e, starts, sizes)

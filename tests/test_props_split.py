@@ -72,10 +72,10 @@ def test_a_split_sums_to_B_and_keeps_every_bound_it_can(problem, prefer_equal):
                          prefer_equal=prefer_equal)
     lo, hi = bounds(B, n, least, caps)
     if hi.sum() < B:
-        with pytest.raises(split.AllocationError):
-            bal.allocate(model, B, current)
+        with pytest.raises(split.SplitError):
+            bal.split(model, B, current)
         return
-    b = bal.allocate(model, B, current)
+    b = bal.split(model, B, current)
     assert b.dtype.kind == "i" and b.shape == (n,)
     assert int(b.sum()) == B
     assert np.all(b >= lo), (b.tolist(), lo.tolist())
@@ -104,7 +104,7 @@ def test_the_split_finishes_no_later_than_any_other_within_the_bounds(problem):
     n = len(model.speed)
     lo, hi = bounds(B, n, least, caps)
     assume(hi.sum() >= B)
-    b = split.allocate(model, B, lo, None if caps is None else hi)
+    b = split.solve(model, B, lo, None if caps is None else hi)
     best = makespan(model, greedy(model, B, lo, hi))
     assert makespan(model, b) <= best * (1 + 1e-12) + 1e-12
 
@@ -116,7 +116,7 @@ def test_a_faster_worker_never_gets_fewer_samples_under_the_same_bounds(problem,
     n = len(model.speed)
     lo, hi = bounds(B, n, least, caps)
     assume(hi.sum() >= B)
-    b = split.Balancer(0.05, least, caps, prefer_equal=prefer).allocate(model, B)
+    b = split.Balancer(0.05, least, caps, prefer_equal=prefer).split(model, B)
     v, a = model.speed, np.maximum(model.intercept, 0)
     # pairs (i, j): i at least as fast as j with no larger fixed cost, one of them strictly
     # (a fixed cost a nanosecond smaller at least: less vanishes from the finish times'
@@ -137,7 +137,7 @@ def test_equal_split_is_as_even_as_can_be(n, data):
     b = split.equal_split(B, n)
     assert int(b.sum()) == B and b.max() - b.min() <= 1
     assert np.all(np.diff(b) <= 0)          # the remainder to the lowest ranks
-    with pytest.raises(split.AllocationError):
+    with pytest.raises(split.SplitError):
         split.equal_split(n - 1, n)
 
 

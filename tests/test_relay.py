@@ -113,8 +113,8 @@ def test_slices_frames_carry_each_workers_alloc_line():
     frame = F.slices_frame(7, 100, np.array([4, 9]), np.array([10, 60]), np.array([5, 40]))
     (kind, body), = F.split_frames(bytearray(frame))[0]
     assert kind == F.SLICES
-    assert F.alloc_lines(body) == [(4, P.alloc_line(7, 10, 5, 100)),
-                                   (9, P.alloc_line(7, 60, 40, 100))]
+    assert F.slice_lines(body) == [(4, P.slice_line(7, 10, 5, 100)),
+                                   (9, P.slice_line(7, 60, 40, 100))]
 
 
 # ---- relays between sessions and a coordinator --------------------------------------------
@@ -258,7 +258,7 @@ def _decisions(c, addresses, iterations=12, start=0, late=(), pause=0.0, log=Fal
         t.join(20)
     files = [f for _, f in socks]
     ahead = c._policy.ahead
-    sizes = json.loads(files[0].readline())["allocation"]
+    sizes = json.loads(files[0].readline())["split"]
     for f in files[1:]:
         f.readline()
     got = [{} for _ in range(n)]        # per worker: iteration -> its slice's size
@@ -387,7 +387,7 @@ def test_relays_forecast_their_workers_as_the_coordinator_would_through_checkpoi
     assert resumed["afresh"][1] != resumed[direct][1]
     # from the splits the checkpoint saved (iteration 30 is the restart's warm-up): the two
     # the job had decided when it stopped, 30's and 31's
-    assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["sizes"]
+    assert resumed[direct][0][0] == states[direct]["coordinator-00000029.json"]["split"]
     assert resumed[direct][0][:2] == runs[direct][0][30:32]
 
 
@@ -439,7 +439,7 @@ def test_a_checkpoint_holds_the_relays_predictor_state_when_a_done_follows_its_r
             t.start()
         for t in threads:
             t.join(20)
-        sizes = [{0: json.loads(f.readline())["allocation"][r]} for r, (_, f) in
+        sizes = [{0: json.loads(f.readline())["split"][r]} for r, (_, f) in
                  enumerate(socks)]
         for t in range(4):
             for r, (sock, f) in enumerate(socks):
@@ -642,7 +642,7 @@ def test_a_hub_cuts_a_split_into_its_relays_ranks_that_the_split_holds():
         up.close()
 
 
-def test_a_relay_writes_alloc_lines_to_its_workers_that_the_split_holds():
+def test_a_relay_writes_slice_lines_to_its_workers_that_the_split_holds():
     up, stand_in = _stand_in_coordinator()
     relay = RelayThread(stand_in, "host0", 2)
     try:
@@ -655,7 +655,7 @@ def test_a_relay_writes_alloc_lines_to_its_workers_that_the_split_holds():
         coordinator.sendall(F.slices_frame(3, 10, np.array([1]), np.array([7]), np.array([3]))
                             + F.frame(F.TO_ALL, P.encode({"type": "x"})))
         lines = [s.makefile("rb").readline() for s in workers]
-        assert lines == [P.encode({"type": "x"}), P.alloc_line(3, 7, 3, 10)]
+        assert lines == [P.encode({"type": "x"}), P.slice_line(3, 7, 3, 10)]
         for s in workers + [coordinator]:
             s.close()
     finally:

@@ -169,7 +169,7 @@ def test_coordinator_feeds_the_chosen_columns_and_records_every_signal(tmp_path)
     seen = []
     c._predictor.observe = lambda speed, exog: seen.append(np.array(exog))
     c._hellos = {0: {"host": "a"}, 1: {"host": "b"}}
-    c._sizes = np.array([8, 8])
+    c._in_force = np.array([8, 8])
     reports = {r: dict(P.report(1, 8, 0.1, 50.0 + r, 20.0, 1.0, 16,
                                 {"runq": 2.0 + r, "others_cpu": 30.0}), time=0.0)
                for r in range(2)}

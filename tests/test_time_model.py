@@ -150,7 +150,7 @@ def split_of_three(seed, fixed_s, per_sample_s, slow, iterations=120, B=64):
     sent = {}                           # no workers: each split kept for its iteration
     c.links.send_split = lambda t, sizes: sent.__setitem__(t, np.array(sizes))
     sizes = np.array([22, 21, 21])
-    c._sizes = sizes.copy()
+    c._in_force = sizes.copy()
     out = []
     for t in range(iterations):
         stretch = rng.lognormal(0, NOISE, 3) * np.where(rng.random(3) < 0.05, 3, 1)

@@ -149,7 +149,7 @@ def _run_section(run: Run, images: Dict[str, str], anchor: str) -> str:
     captions = {
         "batch": "Samples each worker processed per iteration. LB-BSP gives faster workers "
                  "more of the global batch; BSP and ASP split it equally.",
-        "time": f"Left: compute time (forward + backward) and wait time (allocation + "
+        "time": f"Left: compute time (forward + backward) and wait time (the slice + "
                 f"push/pull, i.e. waiting for the others) per iteration, in {unit[1]}. "
                 "Right: each worker's mean iteration split into computing and waiting; "
                 "balanced training makes the bars equally long, with little waiting.",

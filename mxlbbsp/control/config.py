@@ -71,7 +71,7 @@ class Progress:
     samples: int              # samples trained so far (sum of global batches)
     last_change: float        # monotonic time the iteration last advanced
     samples_per_s: float      # over the recent iterations
-    sizes: List[int]          # the latest allocation
+    split: List[int]          # the split in force (of the latest iteration planned)
     iteration_s: Optional[float] = None   # median time between recent iterations
 
 

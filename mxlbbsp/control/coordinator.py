@@ -68,8 +68,8 @@ from mxlbbsp.core.store import save_coordinator
 
 log = logging.getLogger(__name__)
 
-#: how many iterations' allocation latencies the coordinator keeps
-ALLOC_LATENCY_KEPT = 100_000
+#: how many iterations' split latencies the coordinator keeps
+SPLIT_LATENCY_KEPT = 100_000
 
 
 class Coordinator:
@@ -127,7 +127,7 @@ class Coordinator:
         self._state_due: Optional[int] = None
         self.state_saved: Optional[int] = None
         self._bye_at: Dict[int, int] = {}            # rank -> its last reported iteration
-        self._sizes: Optional[np.ndarray] = None   # the split of the latest iteration planned
+        self._in_force: Optional[np.ndarray] = None   # the split of the latest iteration planned
         #: iteration -> its split, for the iterations planned after the last finished one
         self._splits: Dict[int, np.ndarray] = {}
         self._measured: Optional[tuple] = None       # see `measured`
@@ -139,11 +139,11 @@ class Coordinator:
         self._server = None
         self._thread: Optional[threading.Thread] = None
         #: seconds from the last report of an iteration to its split sent, for the latest
-        #: ALLOC_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
-        self.alloc_latency: collections.deque = collections.deque(maxlen=ALLOC_LATENCY_KEPT)
+        #: SPLIT_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
+        self.split_latency: collections.deque = collections.deque(maxlen=SPLIT_LATENCY_KEPT)
         self._start = 0                              # first iteration (> 0 when resumed)
         #: the splits a checkpoint saved: of the iteration after it, and of the one after
-        self._resumed_sizes: Optional[np.ndarray] = None
+        self._resumed_split: Optional[np.ndarray] = None
         self._resumed_next: Optional[np.ndarray] = None
         if config.resume_manifest is not None:
             self._start = int(config.resume_manifest["iteration"]) + 1
@@ -162,17 +162,17 @@ class Coordinator:
     def state_dict(self) -> dict:
         """What balancing needs to continue without re-learning (JSON-serialisable):
         the speed model, the splits of the two iterations after the last finished one t
-        (``sizes``: of t+1; ``next_sizes``: of t+2, once planned), and the metrics records
+        (``split``: of t+1; ``next_split``: of t+2, once planned), and the metrics records
         and summary's totals through t (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
             self._iteration, self._hosts, self.speed.fallbacks,
             self._policy.record_fields)
         t = self._iteration
-        sizes, after = self._splits.get(t + 1), self._splits.get(t + 2)
+        split, after = self._splits.get(t + 1), self._splits.get(t + 2)
         return {"iteration": t, "num_workers": self.config.num_workers,
                 **self.speed.state_dict(self._relay_states.get(t)),
-                "sizes": None if sizes is None else [int(b) for b in sizes],
-                "next_sizes": None if after is None else [int(b) for b in after],
+                "split": None if split is None else [int(b) for b in split],
+                "next_split": None if after is None else [int(b) for b in after],
                 "metrics_records": written, "totals": totals.state()}
 
     def _load_state(self, state: Optional[dict]) -> None:
@@ -186,10 +186,13 @@ class Coordinator:
             self.recorder.totals.load(state["totals"])
         if state.get("num_workers") != self.config.num_workers:
             return
-        if self.speed.load_state_dict(state) and state.get("sizes"):
-            self._resumed_sizes = np.array(state["sizes"], dtype=np.int64)
-            if state.get("next_sizes"):
-                self._resumed_next = np.array(state["next_sizes"], dtype=np.int64)
+        # a state saved under the keys "sizes" and "next_sizes" reads as well
+        split = state.get("split", state.get("sizes"))
+        after = state.get("next_split", state.get("next_sizes"))
+        if self.speed.load_state_dict(state) and split:
+            self._resumed_split = np.array(split, dtype=np.int64)
+            if after:
+                self._resumed_next = np.array(after, dtype=np.int64)
 
     # ---- the hand-over of an elastic job ---------------------------------------------------
 
@@ -320,11 +323,11 @@ class Coordinator:
         rate = 0.0
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             rate = (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        sizes = [] if self._sizes is None else [int(b) for b in self._sizes]
+        split = [] if self._in_force is None else [int(b) for b in self._in_force]
         times = [t for t, _ in recent]
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         median = gaps[len(gaps) // 2] if gaps else None
-        return Progress(self._iteration, self._samples, self._last_change, rate, sizes, median)
+        return Progress(self._iteration, self._samples, self._last_change, rate, split, median)
 
     def waiting(self) -> Waiting:
         """Which workers the job waits for: at registration, their hello; then, for the
@@ -409,7 +412,7 @@ class Coordinator:
     @property
     def current_split(self) -> Optional[np.ndarray]:
         """The split in force: the per-worker batch sizes of the latest iteration planned."""
-        return self._sizes
+        return self._in_force
 
     @property
     def measured(self) -> Optional[tuple]:
@@ -470,25 +473,25 @@ class Coordinator:
         splits ahead, the next ones (decided before any report: no report splits them)."""
         policy, start = self._policy, self._start
         B = self.opening_batch(start)
-        self._sizes = np.asarray(policy.first_split(B))
-        resumed = self._resumed_sizes
+        self._in_force = np.asarray(policy.first_split(B))
+        resumed = self._resumed_split
         if resumed is not None and policy.sends and self.balancer.fits(resumed, B):
-            self._sizes = resumed          # the split balancing had reached
-        self._splits = {start: self._sizes}
+            self._in_force = resumed          # the split balancing had reached
+        self._splits = {start: self._in_force}
         self._hand_off_forecasts()
-        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._sizes))
+        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._in_force))
         for k in range(1, 1 + policy.ahead):
             after = self._resumed_next if k == 1 else None
             if (after is not None and policy.sends
                     and self.balancer.fits(after, self.opening_batch(start + k))):
                 # the checkpointed job's split of this iteration
                 self.send_split(start + k, after)
-                self._sizes = after
+                self._in_force = after
             else:
-                self._sizes = np.asarray(policy.opening(start + k, self._sizes))
-            self._splits[start + k] = self._sizes
+                self._in_force = np.asarray(policy.opening(start + k, self._in_force))
+            self._splits[start + k] = self._in_force
             log.debug("iteration %d: split %s (before any report)", start + k,
-                      _shown(self._sizes))
+                      _shown(self._in_force))
 
     def opening_batch(self, iteration: int) -> int:
         """The global batch the DataLoaders ask for at ``iteration``, split before any
@@ -565,34 +568,34 @@ class Coordinator:
         for old in [k for k in self._splits if k < t]:
             del self._splits[old]
         # the split in force (the latest planned), scaled to the B of the one planned now
-        current = self._sizes
-        if current is not None and B is not None and int(current.sum()) != B:
-            current = _split.rescale(current, B)
+        in_force = self._in_force
+        if in_force is not None and B is not None and int(in_force.sum()) != B:
+            in_force = self.balancer.scale(in_force, B, bounds=False)
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
-            if B is not None and current is not None:
-                self._sizes = self._splits[target] = np.asarray(policy.warmup(t, B, current))
+            if B is not None and in_force is not None:
+                self._in_force = self._splits[target] = np.asarray(policy.warmup(t, B, in_force))
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
-                          target, _shown(self._sizes))
+                          target, _shown(self._in_force))
             return
         model = self.speed.model(t, batch, compute, exog, forecast)
         if B is None:
             return
         self.balancer.decision = ""
         try:
-            sizes = policy.plan(t, model, B, current)
-        except _split.AllocationError as exc:
+            split = policy.plan(t, model, B, in_force)
+        except _split.SplitError as exc:
             self._fail(f"cannot split the global batch of iteration {target}: {exc}")
             return
         if policy.sends:
-            self.alloc_latency.append(time.perf_counter() - started)
-        self._sizes = self._splits[target] = np.asarray(sizes)
+            self.split_latency.append(time.perf_counter() - started)
+        self._in_force = self._splits[target] = np.asarray(split)
         # What the predictor expects each worker's observed speed to be at that iteration
         # (a forecast of the next one stands for it)
-        predicted = self.recorder.predicted[target] = self._sizes / model.time(self._sizes)
+        predicted = self.recorder.predicted[target] = self._in_force / model.time(self._in_force)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      target, _shown(self._sizes), int(self._sizes.sum()), _shown(predicted),
+                      target, _shown(self._in_force), int(self._in_force.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
         policy.after_split(t)

@@ -118,12 +118,12 @@ def _check_caps(hellos: Sequence[dict], config, policy, balancer, B: int) -> Opt
                 "the maximum")
     if not policy.sends and any(c is not None for c in caps):
         # the workers split each global batch equally by themselves (bsp, asp): the largest
-        # shares are those of B, the lowest ranks' when it does not divide evenly
-        shares = equal_split(B, n)
-        rank = next((r for r, c in enumerate(caps) if c is not None and shares[r] > c), None)
+        # the equal split of B (a sample more to the lowest ranks when it does not divide)
+        split = equal_split(B, n)
+        rank = next((r for r, c in enumerate(caps) if c is not None and split[r] > c), None)
         if rank is not None:
             return (f"--sync {config.sync} splits every global batch equally: worker {rank} "
-                    f"would get {shares[rank]} samples of {B}, more than its maximum batch "
+                    f"would get {split[rank]} samples of {B}, more than its maximum batch "
                     f"size {caps[rank]} (its DataLoader's max_batch_size or "
                     "--max-batch-size); raise it, use more workers, or use --sync lbbsp, "
                     "which splits within the caps")

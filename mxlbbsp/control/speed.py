@@ -11,7 +11,7 @@ gives the :class:`~mxlbbsp.core.timemodel.TimeModel` the mode splits the next ba
   none of which is clearly slower than another.
 
 The fit and the regime are updated before the split (they decide it); the predictor's
-training step (``learn``) comes after the allocation is sent.
+training step (``learn``) comes after the split is sent.
 
 With a separable predictor, the workers behind relays are forecast by their relays
 (:mod:`mxlbbsp.relay.forecast`, :meth:`SpeedModel.hand_off`): the predictor here then runs
@@ -358,7 +358,7 @@ class SpeedModel:
         return True
 
     def learn(self) -> None:
-        """The predictor's training step: after the allocation is sent (off the critical
+        """The predictor's training step: after the split is sent (off the critical
         path)."""
         if self.predictor is not None:
             self.predictor.learn()

@@ -33,7 +33,8 @@ coordinator -> relay
     TO_RANK  <i4 rank> + one JSON line, for that worker
     TO_ALL   one JSON line, for every worker of the relay
     SLICES   <q iteration, q total, q count> + count int64 ranks, offsets and sizes: the
-             ``alloc`` line of each of these workers (the split, one frame per host)
+             ``slice`` line of each of these workers (the slices of one split, one frame
+             per host)
     CLOSE    <i4 rank>: close that worker's connection (after an error sent to it)
 
 A ROWS body: a 24-byte head (what: 0 report, 1 done; column count; row count; the
@@ -168,11 +169,11 @@ def read_slices(body) -> Tuple[int, int, np.ndarray]:
     return iteration, total, np.frombuffer(body, "<i8", 3 * count, 24).reshape(3, count)
 
 
-def alloc_lines(body) -> List[Tuple[int, bytes]]:
-    """(rank, its ``alloc`` line) of each worker of a SLICES frame."""
+def slice_lines(body) -> List[Tuple[int, bytes]]:
+    """(rank, its ``slice`` line) of each worker of a SLICES frame."""
     iteration, total, data = read_slices(body)
     data = data.tolist()
-    line = P.alloc_line
+    line = P.slice_line
     return [(r, line(iteration, o, s, total)) for r, o, s in zip(*data)]
 
 

@@ -192,8 +192,8 @@ class Links:
     def send_split(self, iteration: int, split) -> None:
         """Every worker its own slice of ``split`` (per rank), the split of ``iteration``:
         a line per connection of its own, one SLICES frame per relay link (O(n) bytes)."""
-        sizes = np.asarray(split, dtype=np.int64)
-        self._slices(iteration, int(sizes.sum()), np.cumsum(sizes) - sizes, sizes)
+        split = np.asarray(split, dtype=np.int64)
+        self._slices(iteration, int(split.sum()), np.cumsum(split) - split, split)
 
     def _slices(self, iteration: int, total: int, offsets: np.ndarray, sizes: np.ndarray,
                 ranks: Optional[np.ndarray] = None) -> None:
@@ -203,7 +203,7 @@ class Links:
         if layout is None or layout.key != (None if ranks is None else ranks.tobytes()):
             layout = self._layout = _Layout(self, ranks)
         if layout.direct:
-            writers, line = self.writers, P.alloc_line
+            writers, line = self.writers, P.slice_line
             starts = offsets[layout.direct_at].tolist()
             counts = sizes[layout.direct_at].tolist()
             for rank, start, count in zip(layout.direct, starts, counts):

@@ -160,7 +160,7 @@ class Totals:
     samples_per_s: the sum over workers of samples / (its summed iteration time), which for
     the synchronous modes is B / mean iteration time, and stays right for ASP where workers
     run different numbers of iterations per second. wait_share: the fraction of a worker's
-    time spent waiting for others (allocation + push/pull), averaged over workers.
+    time spent waiting for others (the slice + push/pull), averaged over workers.
     """
 
     # per rank: rows, samples, compute_s, speed, wait_s, iteration_s, rows with iteration_s,
@@ -266,7 +266,7 @@ def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
     (0.25: 25 % more samples/s); NaN when unknown. From the measured figures only.
 
     The part of the mean iteration time T that is not the slowest worker's mean compute time
-    (push/pull, allocation) stays whatever the split; the compute part becomes B / sum(s_i)
+    (push/pull, the slice) stays whatever the split; the compute part becomes B / sum(s_i)
     with the batch split in proportion to the workers' measured speeds s_i = b_i / c_i (B =
     sum b_i). Compute time is taken as proportional to the batch, which is when balancing
     gains most: a fixed cost per iteration only lowers the gain. (Never more than compute
@@ -286,7 +286,7 @@ def balance_gain(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
 
 def compute_share(per_rank: Dict[int, dict], mean_iteration_s: float) -> float:
     """The slowest worker's mean compute time over the mean iteration time: the share of the
-    iteration that any balancing works on (the rest is push/pull and allocation)."""
+    iteration that any balancing works on (the rest is push/pull and the wait for the slice)."""
     if not mean_iteration_s > 0 or not math.isfinite(mean_iteration_s):
         return float("nan")
     return min(max(p["mean_compute_s"] for p in per_rank.values()) / mean_iteration_s, 1.0)
@@ -316,7 +316,7 @@ def diagnose(summary: Optional[dict]) -> List[str]:
     share, gain = summary.get("compute_share"), summary.get("balance_gain")
     if isinstance(share, float) and math.isfinite(share) and share < COMPUTE_SMALL:
         text = (f"compute is only {share:.0%} of the iteration (the slowest worker's; the "
-                "rest is the push/pull and waiting for allocations)")
+                "rest is the push/pull and waiting for the slice)")
         if summary.get("barrier") is not False and isinstance(gain, float) \
                 and math.isfinite(gain):
             per = summary["per_rank"].values()

@@ -53,17 +53,17 @@ class NoisePoint(NamedTuple):
     var: float
 
 
-def fit_line(sqr_sums: Sequence[float], sizes: Sequence[int],
+def fit_line(sqr_sums: Sequence[float], split: Sequence[int],
              global_sqr_sum: Optional[float] = None,
              global_size: Optional[int] = None) -> Optional[NoisePoint]:
     """S and V of one iteration, from squared norms of gradient **sums**.
 
-    ``sqr_sums[i]``: |sum of the per-sample gradients of worker i's b_i = ``sizes[i]``
+    ``sqr_sums[i]``: |sum of the per-sample gradients of worker i's b_i = ``split[i]``
     samples|^2; ``global_sqr_sum``: the same for the whole global batch of ``global_size``
-    (default: sum of ``sizes``). Points are (1/b, |s|^2/b^2), weighted by b. None when the
+    (default: sum of ``split``). Points are (1/b, |s|^2/b^2), weighted by b. None when the
     points do not determine a line (fewer than two distinct batch sizes, or non-finite input).
     """
-    b = [float(x) for x in sizes]
+    b = [float(x) for x in split]
     y = [float(s) / (x * x) for s, x in zip(sqr_sums, b) if x > 0]
     b = [x for x in b if x > 0]
     if global_sqr_sum is not None:
@@ -118,15 +118,15 @@ class NoiseScale:
 
     # ---- updating ----------------------------------------------------------------------
 
-    def update(self, sqr_sums: Sequence[float], sizes: Sequence[int],
+    def update(self, sqr_sums: Sequence[float], split: Sequence[int],
                global_sqr_sum: Optional[float] = None,
                global_size: Optional[int] = None) -> Optional[NoisePoint]:
         """Take in one iteration (see :func:`fit_line`); returns its raw point, or None
         when it told nothing (then nothing changes)."""
-        point = fit_line(sqr_sums, sizes, global_sqr_sum, global_size)
+        point = fit_line(sqr_sums, split, global_sqr_sum, global_size)
         if point is None or not (math.isfinite(point.sqr) and math.isfinite(point.var)):
             return None
-        B = float(global_size if global_size is not None else sum(sizes))
+        B = float(global_size if global_size is not None else sum(split))
         self.add(point, B)
         return point
 

@@ -169,9 +169,9 @@ def plan(model: _tm.TimeModel, sync_s: float, work: Work, batches: Sequence[int]
     def iteration_s(b: int) -> float:
         if b not in cache:
             try:
-                split = _split.allocate(model, b, 1, max_batch)
+                split = _split.solve(model, b, 1, max_batch)
                 cache[b] = _tm.makespan(model, split) + max(float(sync_s), 0.0)
-            except _split.AllocationError:
+            except _split.SplitError:
                 cache[b] = math.inf
             if b < n:
                 cache[b] = math.inf

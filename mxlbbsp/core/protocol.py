@@ -25,11 +25,11 @@ worker -> coordinator
     request {iteration, next_global_batch}   (r2sp) request to proceed: the worker's gradients
                                       of ``iteration`` are ready, it waits for a push slot
 coordinator -> worker
-    welcome {num_workers, sync, allocation}   every worker has said hello; allocation is for
-                                              the first iteration (a mode whose splits are
-                                              decided two iterations ahead, lbbsp, sends the
-                                              second's alloc right after it)
-    alloc   {iteration, offset, size, total}   this worker's slice of the global batch at
+    welcome {num_workers, sync, split}   every worker has said hello; ``split`` is the
+                                         first iteration's (a mode whose splits are
+                                         decided two iterations ahead, lbbsp, sends the
+                                         second's slice right after it)
+    slice   {iteration, offset, size, total}   this worker's slice of the global batch at
                                       ``iteration``: samples [offset, offset + size) of total.
                                       One message per worker, so a broadcast to n workers is
                                       O(n) bytes, not O(n^2)
@@ -62,7 +62,7 @@ MAX_HELLO = 4096
 MAX_CONTAINERS = 64
 
 HELLO, REPORT, DONE, BYE, LOG = "hello", "report", "done", "bye", "log"
-WELCOME, ALLOC, ERROR = "welcome", "alloc", "error"
+WELCOME, SLICE, ERROR = "welcome", "slice", "error"
 REQUEST, GRANT = "request", "grant"
 RELAY = "relay"
 #: an elastic job's hand-over (launcher/elastic.py): the coordinator asks one worker for
@@ -216,19 +216,20 @@ def relay_of(msg: Dict[str, Any]) -> Tuple[str, int]:
     return host, workers
 
 
-def welcome(num_workers: int, sync: str, allocation: Sequence[int]) -> Dict[str, Any]:
+def welcome(num_workers: int, sync: str, split: Sequence[int]) -> Dict[str, Any]:
     return {"type": WELCOME, "num_workers": num_workers, "sync": sync,
-            "allocation": [int(b) for b in allocation]}
+            "split": [int(b) for b in split]}
 
 
-def alloc(iteration: int, offset: int, size: int, total: int) -> Dict[str, Any]:
-    return {"type": ALLOC, "iteration": iteration, "offset": offset, "size": size,
+def slice_message(iteration: int, offset: int, size: int, total: int) -> Dict[str, Any]:
+    return {"type": SLICE, "iteration": iteration, "offset": offset, "size": size,
             "total": total}
 
 
-def alloc_line(iteration: int, offset: int, size: int, total: int) -> bytes:
-    """``encode(alloc(...))``, without json: the coordinator writes n of these at once."""
-    return b'{"type":"alloc","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
+def slice_line(iteration: int, offset: int, size: int, total: int) -> bytes:
+    """``encode(slice_message(...))``, without json: the coordinator writes n of these at
+    once."""
+    return b'{"type":"slice","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
         iteration, offset, size, total)
 
 
@@ -236,9 +237,9 @@ def request(iteration: int, next_global_batch: Optional[int]) -> Dict[str, Any]:
     return {"type": REQUEST, "iteration": iteration, "next_global_batch": next_global_batch}
 
 
-def grant(iteration: int, piece: Optional[Sequence[int]]) -> Dict[str, Any]:
-    """``piece``: (offset, size, total) of the worker's slice of ``iteration + 1``, or None."""
-    offset, size, total = (None, None, None) if piece is None else (int(x) for x in piece)
+def grant(iteration: int, part: Optional[Sequence[int]]) -> Dict[str, Any]:
+    """``part``: (offset, size, total) of the worker's slice of ``iteration + 1``, or None."""
+    offset, size, total = (None, None, None) if part is None else (int(x) for x in part)
     return {"type": GRANT, "iteration": iteration, "offset": offset, "size": size,
             "total": total}
 

@@ -1,7 +1,20 @@
 """The split: the per-worker batch sizes of one iteration, chosen so that all finish together.
 
-Pure numpy; no MXNet. The coordinator calls :meth:`Balancer.allocate` once per iteration
+Pure numpy; no MXNet. The coordinator calls :meth:`Balancer.split` once per iteration
 with the workers' time models (:mod:`mxlbbsp.core.timemodel`).
+
+The words, one each:
+
+* **split**: the per-worker batch sizes of one iteration, in rank order, a vector that sums to
+  the global batch B(t) (:func:`solve` chooses it, :meth:`Balancer.split` with the
+  threshold and the bounds, :func:`equal_split` for BSP).
+* **slice**: one worker's part of a split, where it sits in the global batch
+  (:class:`Slice`: offset, size, total), what the ``slice`` message carries to it
+  (:mod:`mxlbbsp.core.protocol`; a SLICES frame holds the slices of one split for a host).
+* **rescaling**: a split (or a slice) carried to another global batch in its proportions,
+  here only: the coordinator through :meth:`Balancer.scale` (``bounds=False``:
+  :func:`rescale`), each worker for its own slice through its session's ``rescale``
+  (:func:`rescale_slice`), both the same numbers.
 
 The split solves, over integers::
 
@@ -15,8 +28,7 @@ greedy is done in arrays: its choices are the smallest of every worker's candida
 times, a + (b + k) / v for its k-th extra sample, in the order the heap of the one-at-a-time
 greedy pops them, ties to the faster worker, then the lower rank: :func:`_complete`.)
 
-A worker's slice (:class:`Slice`) is where its part of the split sits in the global batch:
-the index range it reads.
+A worker's slice is the index range it reads of the epoch's permutation.
 """
 from __future__ import annotations
 
@@ -28,7 +40,7 @@ import numpy as np
 from mxlbbsp.core.timemodel import TimeModel, makespan
 
 
-class AllocationError(ValueError):
+class SplitError(ValueError):
     """The global batch cannot be split within the bounds."""
 
 
@@ -37,12 +49,12 @@ def _bounds(n: int, total: int, lower, upper):
     hi = np.broadcast_to(np.asarray(total if upper is None else upper, dtype=np.int64), (n,))
     hi = np.minimum(hi, total)
     if np.any(lo < 0) or np.any(hi < lo):
-        raise AllocationError(f"invalid bounds: lower={lo.tolist()} upper={hi.tolist()}")
+        raise SplitError(f"invalid bounds: lower={lo.tolist()} upper={hi.tolist()}")
     if lo.sum() > total:
-        raise AllocationError(f"global batch {total} is smaller than the sum of the minimum "
+        raise SplitError(f"global batch {total} is smaller than the sum of the minimum "
                               f"local batches ({int(lo.sum())})")
     if hi.sum() < total:
-        raise AllocationError(f"global batch {total} exceeds the sum of the maximum local "
+        raise SplitError(f"global batch {total} exceeds the sum of the maximum local "
                               f"batches ({int(hi.sum())})")
     return lo, hi
 
@@ -65,7 +77,7 @@ def _continuous_makespan(model: TimeModel, total: float, lo, hi) -> float:
     return float(points[k] + (total - capacity[k]) / slope[k])
 
 
-def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
+def solve(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     """The integer split of ``total`` samples with the smallest makespan (see module doc).
 
     ``lower``/``upper`` are per-worker bounds (scalars broadcast); ``upper=None`` means no cap.
@@ -75,9 +87,9 @@ def allocate(model: TimeModel, total: int, lower=1, upper=None) -> np.ndarray:
     v = np.asarray(model.speed, dtype=float)
     n = v.shape[0]
     if n == 0:
-        raise AllocationError("no workers")
+        raise SplitError("no workers")
     if not np.all(np.isfinite(v)) or np.any(v <= 0):
-        raise AllocationError(f"speeds must be finite and positive, got {v.tolist()}")
+        raise SplitError(f"speeds must be finite and positive, got {v.tolist()}")
     a = np.maximum(np.asarray(model.intercept, dtype=float), 0.0)
     model = TimeModel(v, a)
     total = int(total)
@@ -142,7 +154,7 @@ def _complete(batch: np.ndarray, a: np.ndarray, v: np.ndarray, hi: np.ndarray,
 def equal_split(total: int, n: int) -> np.ndarray:
     """BSP's split: total // n each, the remainder one each to the lowest ranks."""
     if n <= 0 or total < n:
-        raise AllocationError(f"cannot split a global batch of {total} among {n} workers "
+        raise SplitError(f"cannot split a global batch of {total} among {n} workers "
                               "with at least one sample each")
     base, extra = divmod(int(total), int(n))
     out = np.full(int(n), base, dtype=np.int64)
@@ -158,10 +170,10 @@ class Slice(NamedTuple):
     total: int
 
 
-def slice_of(sizes: Sequence[int], rank: int) -> Slice:
-    """Worker ``rank``'s slice of an allocation (the sizes of all workers, in rank order)."""
-    sizes = [int(b) for b in sizes]
-    return Slice(sum(sizes[:rank]), sizes[rank], sum(sizes))
+def slice_of(split: Sequence[int], rank: int) -> Slice:
+    """Worker ``rank``'s slice of ``split``."""
+    split = [int(b) for b in split]
+    return Slice(sum(split[:rank]), split[rank], sum(split))
 
 
 def _boundary(i: int, start: int, n: int, old_total: int, new_total: int) -> int:
@@ -170,7 +182,7 @@ def _boundary(i: int, start: int, n: int, old_total: int, new_total: int) -> int
     that are shared in the old proportions. Integer arithmetic, rounding half up: worker i-1
     computes the same number as its end, so the scaled slices tile the new batch exactly."""
     if new_total < n:
-        raise AllocationError(f"cannot split a global batch of {new_total} among {n} workers "
+        raise SplitError(f"cannot split a global batch of {new_total} among {n} workers "
                               "with at least one sample each")
     extra_old, extra_new = old_total - n, new_total - n
     if extra_old <= 0:                      # one sample each: no proportions to keep
@@ -179,36 +191,38 @@ def _boundary(i: int, start: int, n: int, old_total: int, new_total: int) -> int
     return i + ((start - i) * extra_new * 2 + extra_old) // (2 * extra_old)
 
 
-def rescale_slice(piece: Slice, rank: int, n: int, total: int) -> Slice:
-    """``piece`` (worker ``rank``'s slice, one of n) scaled to a global batch of ``total``,
-    from this worker's slice alone: what :func:`rescale` gives the whole allocation."""
-    if piece.total == total:
-        return piece
-    start = _boundary(rank, piece.offset, n, piece.total, total)
-    end = _boundary(rank + 1, piece.offset + piece.size, n, piece.total, total)
+def rescale_slice(part: Slice, rank: int, n: int, total: int) -> Slice:
+    """``part`` (worker ``rank``'s slice, one of n) scaled to a global batch of ``total``,
+    from this worker's slice alone: what :func:`rescale` gives the whole split. A worker
+    calls it through its session only (``Session.rescale``)."""
+    if part.total == total:
+        return part
+    start = _boundary(rank, part.offset, n, part.total, total)
+    end = _boundary(rank + 1, part.offset + part.size, n, part.total, total)
     return Slice(start, end - start, total)
 
 
-def rescale(sizes: Sequence[int], total: int) -> np.ndarray:
-    """Scale an allocation to another global batch size, keeping its proportions.
+def rescale(split: Sequence[int], total: int) -> np.ndarray:
+    """Scale a split to another global batch size, keeping its proportions.
 
     Used for a short last batch of an epoch. Deterministic, and the same as every worker
-    computes for itself with :func:`rescale_slice`.
+    computes for itself with :func:`rescale_slice`. The coordinator calls it through
+    :meth:`Balancer.scale` (``bounds=False``) only.
     """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    old = int(sizes.sum())
+    split = np.asarray(split, dtype=np.int64)
+    old = int(split.sum())
     if old == total:
-        return sizes
-    n = len(sizes)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+        return split
+    n = len(split)
+    starts = np.concatenate([[0], np.cumsum(split)])
     bounds = [_boundary(i, int(starts[i]), n, old, total) for i in range(n + 1)]
     return np.diff(bounds).astype(np.int64)
 
 
 class Balancer:
-    """Per-iteration allocation with semi-dynamic hysteresis.
+    """Per-iteration split with semi-dynamic hysteresis.
 
-    ``threshold``: keep the current allocation unless the new one is predicted to shorten the
+    ``threshold``: keep the split in force unless the new one is predicted to shorten the
     iteration by at least this fraction (the semi-dynamic rule; stops batch sizes jittering
     with prediction noise), the iteration of the workers whose batch it changes. ``min_batch`` >= 1: a worker with no samples would never push its
     gradient and the dist_sync servers would wait forever. ``max_batch``: per-worker caps
@@ -227,7 +241,7 @@ class Balancer:
         #: prefer the equal split when it is within the threshold of the best (see
         #: _prefer_equal); the coordinator turns it on while the fixed cost dominates
         self.prefer_equal = bool(prefer_equal)
-        #: why the last allocate() chose what it chose, in a few words (for ``-v``)
+        #: why the last split() chose what it chose, in a few words (for ``-v``)
         self.decision = ""
 
     def lower(self, total: int, n: int) -> np.ndarray:
@@ -242,61 +256,68 @@ class Balancer:
             lo = np.maximum(np.minimum(lo, np.asarray(self.max_batch, dtype=np.int64)), 1)
         return lo
 
-    def fits(self, sizes, total: int) -> bool:
-        """Whether ``sizes`` is a split of ``total`` within this balancer's bounds."""
-        sizes = np.asarray(sizes, dtype=np.int64)
-        return int(sizes.sum()) == int(total) and bool(
-            np.all(sizes >= self.lower(total, len(sizes))) and (
-                self.max_batch is None or np.all(sizes <= np.asarray(self.max_batch))))
+    def fits(self, split, total: int) -> bool:
+        """Whether ``split`` is a split of ``total`` within this balancer's bounds."""
+        split = np.asarray(split, dtype=np.int64)
+        return int(split.sum()) == int(total) and bool(
+            np.all(split >= self.lower(total, len(split))) and (
+                self.max_batch is None or np.all(split <= np.asarray(self.max_batch))))
 
-    def scale(self, sizes: Sequence[int], total: int) -> np.ndarray:
-        """``sizes`` (a split in force) scaled to a global batch of ``total``, in its
-        proportions as far as the bounds allow: the split of an iteration before any speed
-        was learnt (the warm-up; :meth:`even` at the first iteration). :func:`rescale` keeps
-        the proportions without the bounds: a worker's cap or least local batch would not
-        hold."""
-        sizes = np.asarray(sizes, dtype=np.int64)
-        if self.fits(sizes, total):
-            return sizes
-        return allocate(TimeModel.linear(np.maximum(sizes, 1).astype(float)), total,
-                        self.lower(total, len(sizes)), self.max_batch)
+    def scale(self, split: Sequence[int], total: int, bounds: bool = True) -> np.ndarray:
+        """``split`` (a split in force) scaled to a global batch of ``total``: the one way
+        the coordinator's side rescales a split.
+
+        ``bounds=True``: in its proportions as far as the bounds allow: the split of an
+        iteration before any speed was learnt (the warm-up; :meth:`even` at the first
+        iteration). ``bounds=False``: :func:`rescale`, the proportions without the bounds,
+        the numbers every worker computes for its own slice (:func:`rescale_slice`) when
+        its global batch differs from the split's total (an epoch's short last batch); a
+        worker's cap or least local batch need not hold."""
+        if not bounds:
+            return rescale(split, total)
+        split = np.asarray(split, dtype=np.int64)
+        if self.fits(split, total):
+            return split
+        return solve(TimeModel.linear(np.maximum(split, 1).astype(float)), total,
+                     self.lower(total, len(split)), self.max_batch)
 
     def even(self, total: int, n: int) -> np.ndarray:
         """The split of ``total`` among ``n`` workers as even as the bounds allow: the equal
         split (:func:`equal_split`) unless a worker's cap is below its share."""
         return self.scale(np.ones(n, dtype=np.int64), total)
 
-    def allocate(self, model: TimeModel, total: int,
-                 current: Optional[Sequence[int]] = None) -> np.ndarray:
-        """The next allocation, or ``current`` when the gain is below the threshold."""
+    def split(self, model: TimeModel, total: int,
+              in_force: Optional[Sequence[int]] = None) -> np.ndarray:
+        """The next split, or ``in_force`` (the split in force) when the gain is below the
+        threshold."""
         lower = self.lower(total, np.asarray(model.speed).shape[0])
-        new = allocate(model, total, lower, self.max_batch)
+        new = solve(model, total, lower, self.max_batch)
         self.decision = "new split (no current one)"
-        if current is None:
+        if in_force is None:
             return new
-        current = np.asarray(current, dtype=np.int64)
-        if current.shape != new.shape or int(current.sum()) != total:
+        in_force = np.asarray(in_force, dtype=np.int64)
+        if in_force.shape != new.shape or int(in_force.sum()) != total:
             self.decision = "new split (the global batch changed)"
             return new
-        if not self.fits(current, total):
+        if not self.fits(in_force, total):
             self.decision = "new split (the current one breaks a per-worker limit)"
             return new
         # Over the workers whose batch would change: one that keeps its batch and finishes
         # last either way (a clearly slower worker at its least batch) makes every split of
         # the others equally long, and the first split they were given would be kept for
         # good however uneven (seen: two equal workers held at 41 and 18 samples)
-        moved = new != current
+        moved = new != in_force
         if moved.any():
             part = TimeModel(np.asarray(model.speed, dtype=float)[moved],
                              np.asarray(model.intercept, dtype=float)[moved])
-            old_t, new_t = makespan(part, current[moved]), makespan(part, new[moved])
+            old_t, new_t = makespan(part, in_force[moved]), makespan(part, new[moved])
         else:
-            old_t = new_t = makespan(model, current)
+            old_t = new_t = makespan(model, in_force)
         gain = (old_t - new_t) / old_t if old_t > 0 else 0.0
-        if np.array_equal(new, current):
+        if np.array_equal(new, in_force):
             self.decision = "the same split (still the predicted best)"
         elif old_t <= 0 or gain < self.threshold:
-            new = current
+            new = in_force
             self.decision = (f"kept the split: a new one is predicted {100 * gain:.1f}% "
                              f"faster, under the threshold {100 * self.threshold:g}%")
         else:

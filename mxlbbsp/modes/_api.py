@@ -18,14 +18,14 @@ which it sees through :class:`Control`)
                      A policy that ``sends`` splits sends it itself
                      (:meth:`Control.send_split`), and may choose its total, that
                      iteration's global batch, itself: the workers follow ``total`` of the
-                     ``alloc`` message
+                     ``slice`` message
     ``on_report``    one worker's report, as it arrives
     ``on_message``   messages of the mode's own (e.g. r2sp's ``request``)
     ``on_done`` / ``on_bye``  a worker finished an iteration / its training loop
 
 worker side (:class:`SyncMode`, methods taking the worker's session as :class:`WorkerSession`)
     ``kvstore``             the MXNet kvstore type (dist_sync or dist_async)
-    ``follows_allocations`` whether the worker waits for the coordinator's split from
+    ``follows_splits`` whether the worker waits for the coordinator's split from
                             its second iteration on (else it cuts the equal split by
                             itself)
     ``normalisers``         (N(t), N0): the gradient normaliser of this step and the nominal
@@ -78,7 +78,8 @@ class Control(Protocol):
     config: ControlConfig
     #: the job's fatal problem, once there is one (then the policy stops granting)
     failure: Optional[str]
-    #: the split solver with the job's bounds: ``allocate(model, B, current)``, ``max_batch``
+    #: the split solver with the job's bounds: ``split(model, B, in_force)``,
+    #: ``scale(split, B)``, ``max_batch``
     balancer: _split.Balancer
 
     @property
@@ -120,7 +121,7 @@ class WorkerSession(Protocol):
     def on(self, kind: str, handler: Callable[[dict], None]) -> None:
         """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
 
-    def set_slice(self, iteration: int, piece: _split.Slice) -> None:
+    def set_slice(self, iteration: int, part: _split.Slice) -> None:
         """This worker's slice of ``iteration``'s global batch has come."""
 
     def update(self, change: Callable[[], None]) -> None:
@@ -155,7 +156,7 @@ class Option:
 class CoordinatorPolicy:
     """A mode's coordinator side. The default: equal split, no messages of its own."""
 
-    #: whether this policy sends ``alloc`` messages (then the workers wait for them)
+    #: whether this policy sends ``slice`` messages (then the workers wait for them)
     sends = False
     #: the reports of t split iteration t + 1 + ahead: 0, or 1 (lbbsp: the split of t+1
     #: went out an iteration before, while the workers computed t, and the first
@@ -183,11 +184,11 @@ class CoordinatorPolicy:
     def first_split(self, global_batch: int) -> np.ndarray:
         return _split.equal_split(global_batch, self.num_workers)
 
-    def opening(self, iteration: int, current: np.ndarray) -> np.ndarray:
+    def opening(self, iteration: int, in_force: np.ndarray) -> np.ndarray:
         """With ``ahead``: the split of ``iteration``, one of the ``ahead`` iterations after
-        the first, decided before any report (``current``: the split before it). A policy
+        the first, decided before any report (``in_force``: the split before it). A policy
         that ``sends`` splits sends it itself."""
-        return current
+        return in_force
 
     def global_batch(self, t: int, next_B: Optional[int],
                      after_B: Optional[int]) -> Optional[int]:
@@ -199,18 +200,18 @@ class CoordinatorPolicy:
             return after_B
         return next_B
 
-    def warmup(self, t: int, next_B: int, current: np.ndarray) -> np.ndarray:
+    def warmup(self, t: int, next_B: int, in_force: np.ndarray) -> np.ndarray:
         """Iteration t < warmup: not learnt from. Returns the split of t+1+``ahead``, of
-        ``next_B`` samples (:meth:`global_batch`; ``current``: the split in force, scaled
+        ``next_B`` samples (:meth:`global_batch`; ``in_force``: the split in force, scaled
         to it); a policy that ``sends`` splits sends it itself."""
-        return current
+        return in_force
 
     def plan(self, t: int, model: _tm.TimeModel, next_B: int,
-             current: Optional[np.ndarray]) -> np.ndarray:
+             in_force: Optional[np.ndarray]) -> np.ndarray:
         """The split of iteration t+1+``ahead`` (all n reports of t are in), of ``next_B``
-        samples (:meth:`global_batch`; ``current``: the split in force, scaled to it).
+        samples (:meth:`global_batch`; ``in_force``: the split in force, scaled to it).
 
-        May raise :class:`~mxlbbsp.core.split.AllocationError` (the job fails with its text).
+        May raise :class:`~mxlbbsp.core.split.SplitError` (the job fails with its text).
         """
         return _split.equal_split(next_B, self.num_workers)
 
@@ -264,7 +265,7 @@ class SyncMode:
     options: ClassVar[Tuple[Option, ...]] = ()
 
     @property
-    def follows_allocations(self) -> bool:
+    def follows_splits(self) -> bool:
         return self.policy.sends
 
     @staticmethod

@@ -14,7 +14,7 @@ the workers as LB-BSP does. The remaining work is ``--epochs`` epochs of the dat
 the start of the job, less what has been trained.
 
 Worker side: the DataLoader cuts global batch t, of the size B(t) that ``total`` of the
-``alloc`` message carries, right after batch t-1 in the epoch's permutation (every sample
+``slice`` message carries, right after batch t-1 in the epoch's permutation (every sample
 once per epoch); the learning rate follows B(t) / B0 by ``--lr-scaling`` (B0: the
 DataLoader's ``global_batch_size``), and gradients are normalised by B(t) as in every
 synchronous mode. B(t+2) is chosen from the reports of t (lbbsp's lookahead: the workers
@@ -77,11 +77,11 @@ class CourierPolicy(BatchChoosingPolicy):
 
     # ---- iterations -------------------------------------------------------------------
 
-    def warmup(self, t, next_B, current):
+    def warmup(self, t, next_B, in_force):
         self._planned = None
-        return super().warmup(t, next_B, current)
+        return super().warmup(t, next_B, in_force)
 
-    def plan(self, t, model, next_B, current):
+    def plan(self, t, model, next_B, in_force):
         # ``next_B`` is only a cap here (the rest of the epoch after t+ahead)
         target = t + 1 + self.ahead
         now = self.clock()
@@ -113,17 +113,17 @@ class CourierPolicy(BatchChoosingPolicy):
                             _planner.format_duration(self.planner.predicted_finish()), B,
                             _planner.format_duration(time_left), B)
             self._warned = self.planner.missing
-        sizes = self._split_and_send(t, model, B, next_B)
+        split = self._split_and_send(t, model, B, next_B)
         if self.sync_s is not None:
             self._predicted[target] = _planner.iteration_time(
-                model, self.sync_s, int(np.sum(sizes)), self.coordinator.balancer.max_batch)
+                model, self.sync_s, int(np.sum(split)), self.coordinator.balancer.max_batch)
         for old in [k for k in self._predicted if k < t]:
             del self._predicted[old]
         finish = self.planner.predicted_finish()
         self.plans[target] = (elapsed, elapsed + finish if math.isfinite(finish) else None)
         for old in [k for k in self.plans if k < t - 64]:
             del self.plans[old]
-        return sizes
+        return split
 
     def on_done(self, rank, msg):
         t = int(msg["iteration"])

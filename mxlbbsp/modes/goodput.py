@@ -99,11 +99,11 @@ PLAN_EVERY = 4
 LR_MESSAGE = "lr"
 
 
-def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, sizes) -> _tm.TimeModel:
+def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split) -> _tm.TimeModel:
     """``model`` with each worker's fixed cost ``fixed`` (seconds; where ``model`` has none),
-    its time at its batch in ``sizes`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
+    its time at its batch in ``split`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
     of t_i(b_i) over b_i samples the marginal speed."""
-    b = np.maximum(np.asarray(sizes, dtype=float), 1.0)
+    b = np.maximum(np.asarray(split, dtype=float), 1.0)
     now = model.time(b)
     a = np.where(model.intercept > 0, model.intercept,
                  np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
@@ -115,8 +115,8 @@ def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
     (B/n)/v_i, plus the push/pull (the homogeneous throughput model)."""
     if int(batch) < len(model.speed):
         return math.inf
-    sizes = _split.equal_split(int(batch), len(model.speed))
-    return float(np.max(model.time(sizes))) + max(float(sync_s), 0.0)
+    split = _split.equal_split(int(batch), len(model.speed))
+    return float(np.max(model.time(split))) + max(float(sync_s), 0.0)
 
 
 def equal_split_times(model: _tm.TimeModel, sync_s: float, batches) -> np.ndarray:
@@ -124,8 +124,8 @@ def equal_split_times(model: _tm.TimeModel, sync_s: float, batches) -> np.ndarra
     B = np.asarray(batches, dtype=np.int64)
     n = len(model.speed)
     base, extra = np.divmod(B, n)
-    sizes = base[:, None] + (np.arange(n)[None, :] < extra[:, None])
-    times = np.max(model.intercept + sizes / model.speed, axis=1) + max(float(sync_s), 0.0)
+    splits = base[:, None] + (np.arange(n)[None, :] < extra[:, None])
+    times = np.max(model.intercept + splits / model.speed, axis=1) + max(float(sync_s), 0.0)
     return np.where(B >= n, times, np.inf)
 
 
@@ -331,9 +331,9 @@ class GoodputPolicy(BatchChoosingPolicy):
         local = self._local.get(t, {})
         if len(local) < self.num_workers or t not in self._global or self.noise is None:
             return
-        sizes = [local[r][0] for r in range(self.num_workers)]
+        split = [local[r][0] for r in range(self.num_workers)]
         sqr = [local[r][1] for r in range(self.num_workers)]
-        point = self.noise.update(sqr, sizes, self._global.pop(t), sum(sizes))
+        point = self.noise.update(sqr, split, self._global.pop(t), sum(split))
         del self._local[t]
         for old in [k for k in self._local if k < t - 64]:
             del self._local[old]
@@ -353,16 +353,16 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.fit.observe(batch, compute)
         return batch
 
-    def plan(self, t, model, next_B, current):
+    def plan(self, t, model, next_B, in_force):
         """The split of t+1+ahead at the B the planner chose last time, sent at once; the
         next choice is made in :meth:`after_split`, off the workers' path: a change of B
         takes effect one iteration later."""
         target = t + 1 + self.ahead
         B = self.totals.get(target - 1, self.lo) if self.planner is None \
             else self.planner.current
-        sizes = self._split_and_send(t, model, B, next_B)
-        self._to_plan = (t, model, sizes)
-        return sizes
+        split = self._split_and_send(t, model, B, next_B)
+        self._to_plan = (t, model, split)
+        return split
 
     def after_split(self, t: int) -> None:
         """The planner's next choice from what iteration t measured (the split of t+1+ahead
@@ -370,7 +370,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         noise scale and its error bar."""
         if self._to_plan is None or self._to_plan[0] != t:
             return
-        _, model, sizes = self._to_plan
+        _, model, split = self._to_plan
         self._to_plan = None
         target = t + 1 + self.ahead
         # the split goes by the split's model; the throughput, with the fixed costs
@@ -389,7 +389,7 @@ class GoodputPolicy(BatchChoosingPolicy):
                                  self.coordinator.balancer.max_batch, self.least)
             self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target)
             self._planned = target
-        row = self.planner.row(int(np.sum(sizes))) if self.planner is not None else None
+        row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
             point = self.noise.noise_scale
             note["noise_scale_point"] = point if math.isfinite(point) else None
@@ -405,7 +405,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         """The noise scale B and the learning rate go by (the cautious one; nan unknown)."""
         return self.noise.noise_scale_low if self.noise is not None else math.nan
 
-    def _before_split(self, iteration: int, sizes) -> None:
+    def _before_split(self, iteration: int, split) -> None:
         """The noise scale of ``iteration`` noted (the one its B and learning rate go by);
         with ``--lr-scaling adascale``, its factor to every worker, before its split (so
         that a worker has it once it has its slice)."""
@@ -414,7 +414,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.noted.setdefault(iteration, {})["noise_scale"] = phi
         if self.rule != _lr.ADASCALE or self.noise is None:
             return
-        factor = _lr.adascale(phi, int(np.sum(sizes)), self.noise.base_batch)
+        factor = _lr.adascale(phi, int(np.sum(split)), self.noise.base_batch)
         self.coordinator.broadcast({"type": LR_MESSAGE, "iteration": int(iteration),
                                     "factor": factor})
 

@@ -2,7 +2,7 @@
 
 Once all n reports of iteration t are in, the balancer splits B(t+2) so that every worker is
 predicted to finish together (kept unchanged when the predicted gain is under
-``--threshold``), and each worker gets its own ``alloc(t+2)``: the split of t+1 went out an
+``--threshold``), and each worker gets its own slice of t+2: the split of t+1 went out an
 iteration before, so a worker has it before it needs it unless the coordinator is a whole
 iteration late. (Splitting t+1 from the reports of t, the worker waited for the answer after
 its push/pull: on a model of a few milliseconds that was the coordinator's latency, whose
@@ -20,7 +20,6 @@ import numpy as np
 from mxlbbsp.core import epochs as _epochs
 from mxlbbsp.core import lr as _lr
 from mxlbbsp.core import planner as _planner
-from mxlbbsp.core import split as _split
 
 from ._api import CoordinatorPolicy, Option, SyncMode, register
 
@@ -32,29 +31,29 @@ class LBBSPPolicy(CoordinatorPolicy):
     sends = True
     ahead = 1
 
-    def opening(self, iteration: int, current: np.ndarray) -> np.ndarray:
+    def opening(self, iteration: int, in_force: np.ndarray) -> np.ndarray:
         # within the bounds for the B the loaders will ask for (an epoch's short last batch
         # among them), not rescaled by each worker without them
         coordinator = self.coordinator
-        current = coordinator.balancer.scale(current, coordinator.opening_batch(iteration))
-        coordinator.send_split(iteration, current)
-        return current
+        in_force = coordinator.balancer.scale(in_force, coordinator.opening_batch(iteration))
+        coordinator.send_split(iteration, in_force)
+        return in_force
 
     def first_split(self, global_batch: int) -> np.ndarray:
         """The equal split within the workers' caps: no speed is known yet."""
         return self.coordinator.balancer.even(global_batch, self.num_workers)
 
-    def warmup(self, t: int, next_B: Optional[int], current: np.ndarray) -> np.ndarray:
-        # within the workers' caps and least local batches (``current`` comes rescaled to
+    def warmup(self, t: int, next_B: Optional[int], in_force: np.ndarray) -> np.ndarray:
+        # within the workers' caps and least local batches (``in_force`` comes rescaled to
         # B(t+2) without them; an epoch's short last batch keeps every worker's least)
-        sizes = self.coordinator.balancer.scale(current, next_B)
-        self.coordinator.send_split(t + 1 + self.ahead, sizes)
-        return sizes
+        split = self.coordinator.balancer.scale(in_force, next_B)
+        self.coordinator.send_split(t + 1 + self.ahead, split)
+        return split
 
-    def plan(self, t, model, next_B, current):
-        sizes = self.coordinator.balancer.allocate(model, next_B, current)
-        self.coordinator.send_split(t + 1 + self.ahead, sizes)
-        return sizes
+    def plan(self, t, model, next_B, in_force):
+        split = self.coordinator.balancer.split(model, next_B, in_force)
+        self.coordinator.send_split(t + 1 + self.ahead, split)
+        return split
 
 
 @register
@@ -154,7 +153,7 @@ class BatchChoosingPolicy(LBBSPPolicy):
         left = rest - B
         return left if left > 0 else self.dataset_size
 
-    def opening(self, iteration, current):
+    def opening(self, iteration, in_force):
         # B(0) again, within the rest of the epoch (a job of these modes starts at one:
         # they are not checkpointed)
         rest = self.dataset_size
@@ -162,9 +161,9 @@ class BatchChoosingPolicy(LBBSPPolicy):
             rest = self._rest(rest, self.totals[k])
         before = self.totals[iteration - 1]
         B = self._cap(before, self._rest(rest, before))
-        sizes = self.coordinator.balancer.scale(current, B)
-        self._send(iteration, sizes)
-        return sizes
+        split = self.coordinator.balancer.scale(in_force, B)
+        self._send(iteration, split)
+        return split
 
     def global_batch(self, t, next_B, after_B):
         """The most B(t+1+ahead) may be: rank 0's ``next_global_batch`` is the rest of the
@@ -195,11 +194,11 @@ class BatchChoosingPolicy(LBBSPPolicy):
             return B if self.most is None else min(B, self.most)
         return _epochs.cut(B, cap, self.num_workers, self.most, self.least)
 
-    def _send(self, iteration: int, sizes) -> None:
+    def _send(self, iteration: int, split) -> None:
         """The split of ``iteration`` out (the subclass's say first), its B noted."""
-        self._before_split(iteration, sizes)
-        self.coordinator.send_split(iteration, sizes)
-        self.totals[iteration] = int(np.sum(sizes))
+        self._before_split(iteration, split)
+        self.coordinator.send_split(iteration, split)
+        self.totals[iteration] = int(np.sum(split))
 
     def _decided(self, t: int) -> None:
         """The reports of t were split from: iteration t counts as trained."""
@@ -211,27 +210,27 @@ class BatchChoosingPolicy(LBBSPPolicy):
         """B (within the rest of the epoch, ``next_B``) split as LB-BSP splits, from the
         split in force, sent as the split of t+1+ahead, and noted as decided."""
         B = self._cap(B, next_B)
-        current = self.coordinator.current_split
-        if current is not None:
-            current = _split.rescale(current, B)
-        sizes = self.coordinator.balancer.allocate(model, B, current)
-        self._send(t + 1 + self.ahead, sizes)
+        in_force = self.coordinator.current_split
+        if in_force is not None:
+            in_force = self.coordinator.balancer.scale(in_force, B, bounds=False)
+        split = self.coordinator.balancer.split(model, B, in_force)
+        self._send(t + 1 + self.ahead, split)
         self._decided(t)
-        return sizes
+        return split
 
-    def _before_split(self, iteration: int, sizes) -> None:
+    def _before_split(self, iteration: int, split) -> None:
         """Just before the split of ``iteration`` is sent (a subclass's messages go first,
         so a worker has them once it has its slice)."""
 
-    def warmup(self, t, next_B, current):
-        # the B before it again (``current`` comes scaled to next_B, here only a cap)
+    def warmup(self, t, next_B, in_force):
+        # the B before it again (``in_force`` comes scaled to next_B, here only a cap)
         target = t + 1 + self.ahead
-        current = self.coordinator.current_split
-        B = self._cap(self.totals.get(target - 1, int(current.sum())), next_B)
-        sizes = self.coordinator.balancer.scale(current, B)
-        self._send(target, sizes)
+        in_force = self.coordinator.current_split
+        B = self._cap(self.totals.get(target - 1, int(in_force.sum())), next_B)
+        split = self.coordinator.balancer.scale(in_force, B)
+        self._send(target, split)
         self._decided(t)
-        return sizes
+        return split
 
     def on_done(self, rank, msg):
         t = int(msg["iteration"])

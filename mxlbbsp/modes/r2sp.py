@@ -62,7 +62,7 @@ def proportional_split(weights, total: int) -> np.ndarray:
     w = np.asarray(weights, dtype=float)
     n = len(w)
     if total < n:
-        raise _split.AllocationError(f"cannot split {total} samples among {n} workers")
+        raise _split.SplitError(f"cannot split {total} samples among {n} workers")
     share = (total - n) * w / w.sum()
     base = np.floor(share).astype(np.int64)
     rest = int(total - n - base.sum())
@@ -104,16 +104,16 @@ class R2SPPolicy(CoordinatorPolicy):
         return self.gap_ratio * self.iteration_time / self.num_workers
 
     def first_split(self, global_batch):
-        sizes = super().first_split(global_batch)
-        self._splits[0] = sizes
-        return sizes
+        split = super().first_split(global_batch)
+        self._splits[0] = split
+        return split
 
-    def plan(self, t, model, next_B, current):
+    def plan(self, t, model, next_B, in_force):
         if self.tuning == "balancer":
-            self._planned = self.coordinator.balancer.allocate(model, next_B, current)
+            self._planned = self.coordinator.balancer.split(model, next_B, in_force)
         split = self._splits.get(t + 1)
         return split if split is not None else (
-            current if current is not None and int(current.sum()) == next_B
+            in_force if in_force is not None and int(in_force.sum()) == next_B
             else _split.equal_split(next_B, self.num_workers))
 
     def on_report(self, rank, msg):
@@ -195,30 +195,33 @@ class R2SPPolicy(CoordinatorPolicy):
             for old in [k for k in self._splits if k < t]:
                 del self._splits[old]
         if split is not None and next_B is not None and int(split.sum()) != next_B:
-            split = _split.rescale(split, next_B)     # a worker that counts batches differently
-        piece = None if split is None or next_B is None else _split.slice_of(split, rank)
+            # a worker that counts batches differently
+            split = self.coordinator.balancer.scale(split, next_B, bounds=False)
+        part = None if split is None or next_B is None else _split.slice_of(split, rank)
         log.debug("r2sp: grant rank %d iteration %d (blocked %.4f s, gap %.4f s), next slice %s",
-                  rank, t, now - asked, self.gap, piece,
+                  rank, t, now - asked, self.gap, part,
                   extra={"grant": (now, rank, t, self.gap)})   # (when, rank, iteration, gap)
-        self.coordinator.send(rank, P.grant(t, piece))
+        self.coordinator.send(rank, P.grant(t, part))
 
     def _decide(self, t: int, next_B: int) -> np.ndarray:
         """The split of round t+1, decided when round t's first slot is granted."""
         n = self.num_workers
-        current = self._splits.get(t)
-        if current is None:
-            current = _split.equal_split(next_B, n)
+        scale = self.coordinator.balancer.scale       # bounds=False: as the workers rescale
+        in_force = self._splits.get(t)
+        if in_force is None:
+            in_force = _split.equal_split(next_B, n)
         if t < self.coordinator.config.warmup or self.tuning == "none":
-            return _split.rescale(current, next_B)
+            return scale(in_force, next_B, bounds=False)
         if self.tuning == "balancer":
-            return _split.rescale(self._planned if self._planned is not None else current, next_B)
+            return scale(self._planned if self._planned is not None else in_force, next_B,
+                         bounds=False)
         if not (np.all(np.isfinite(self._speed)) and np.all(np.isfinite(self._blocked))):
-            return _split.rescale(current, next_B)
-        target = current + TUNE_GAIN * self._blocked * self._speed
+            return scale(in_force, next_B, bounds=False)
+        target = in_force + TUNE_GAIN * self._blocked * self._speed
         split = proportional_split(target, next_B)
         cap = self.coordinator.balancer.max_batch
         if cap is not None and np.any(split > cap):
-            split = _split.rescale(current, next_B)
+            split = scale(in_force, next_B, bounds=False)
         return split
 
 

@@ -50,7 +50,7 @@ class Predictor(abc.ABC):
     def learn(self) -> None:
         """Work that may wait until the forecast has been used (e.g. a training step).
 
-        The coordinator calls it after it has sent the allocation, so that training is off
+        The coordinator calls it after it has sent the split, so that training is off
         the path from the last report to the broadcast. A predictor must give the same
         forecasts whether or not its caller calls it (the next ``observe`` does what is left).
         """

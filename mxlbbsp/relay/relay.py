@@ -22,7 +22,7 @@ of :mod:`mxlbbsp.core.frames`) and relays:
   log, bye, a mode's own) leaves as a FORWARD frame with the worker's rank, and a closed
   connection as LOST. Each worker's messages reach the coordinator in the order it sent
   them: a message joins an open section only if that worker has nothing later pending;
-* down: an ``alloc`` line for each of its workers from one SLICES frame, the frames for one
+* down: a ``slice`` line for each of its workers from one SLICES frame, the frames for one
   worker (TO_RANK) or all (TO_ALL) as they come, and CLOSE.
 
 When the job's predictor is separable, the coordinator hands the forecasts of this host's

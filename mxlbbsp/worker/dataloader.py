@@ -8,7 +8,7 @@ per epoch across the cluster, every worker runs the same number of iterations, a
 the workers' batches at iteration t is exactly what one process takes at iteration t.
 
 With ``num_workers > 0`` samples are loaded by Gluon's worker pool. Prefetching follows the
-allocation: the next batch is submitted to the pool the moment its size is known (at once in
+split: the next batch is submitted to the pool the moment its size is known (at once in
 ``bsp``/``asp`` and in a single process; in ``lbbsp`` as soon as the coordinator's split of it
 has arrived, normally an iteration before it begins, so at once too).
 """
@@ -26,7 +26,6 @@ from mxnet.gluon.data import dataloader as _gdl
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import epochs as _epochs
 from mxlbbsp.core import lr as _lr
-from mxlbbsp.core import split as _split
 from mxlbbsp.core.planner import replay_from_metrics
 from mxlbbsp.worker import checkpoint as _ckpt
 from mxlbbsp.worker import hold as _hold
@@ -162,7 +161,7 @@ class DataLoader:
                                      self._plan.smallest, self._max_batch,
                                      identity=self.identity)
         if self._pool is not None and not self._listening:
-            sess.on_allocation(self._on_allocation)
+            sess.on_slice(self._on_slice)
             self._listening = True
         if sess.sets_batch or self._schedule is not None:
             sess.follow(self._schedule is not None, self._lr_factors)
@@ -226,23 +225,23 @@ class DataLoader:
         """Prefetch global batch ``batch`` at ``t_next`` as soon as its split is known."""
         start, size = batch
 
-        def indices(piece):
-            return order[start + piece.offset:start + piece.offset + piece.size]
+        def indices(part):
+            return order[start + part.offset:start + part.offset + part.size]
 
         with self._lock:
             self._expect = (t_next, size, indices, sess)
-        piece = sess.slice(t_next, size, block=False)
-        if piece is not None:
-            self._on_allocation(t_next, piece)
+        part = sess.slice(t_next, size, block=False)
+        if part is not None:
+            self._on_slice(t_next, part)
 
-    def _on_allocation(self, t: int, piece) -> None:
+    def _on_slice(self, t: int, part) -> None:
         with self._lock:
             if self._expect is None or self._expect[0] != t or t in self._pending:
                 return
             _, size, indices, sess = self._expect
             self._expect = None
-            piece = _split.rescale_slice(piece, sess.rank, sess.num_workers, size)
-            self._pending[t] = self._submit(indices(piece))
+            part = sess.rescale(part, size)
+            self._pending[t] = self._submit(indices(part))
 
     def _submit(self, indices):
         samples = [int(i) for i in indices]

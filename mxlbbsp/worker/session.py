@@ -15,8 +15,8 @@ the gradients' norms with the report and the done.
 Timeline of iteration t on a worker, and what is measured::
 
     |-- wait for b(t) --|-- load + forward + backward --|-- slowdown --|- slot -|- push/pull -|
-    |<- alloc wait ---->|<------- compute_s (stretched by the factor) ->|<-slot->|<- sync_s ->|
-    wait_s = alloc wait + slot wait + sync_s          iteration_s = compute_s + wait_s
+    |<- slice wait ---->|<------- compute_s (stretched by the factor) ->|<-slot->|<- sync_s ->|
+    wait_s = slice wait + slot wait + sync_s          iteration_s = compute_s + wait_s
 
 (the slot wait is the mode's ``before_push``: r2sp waits there for the push slot the
 coordinator grants; it is 0 in the other modes)
@@ -165,7 +165,7 @@ class Session:
         self.dataset_size = int(dataset_size)
         self.batch_global = 0             # global batch of the current iteration
         self.batch_local = 0
-        self._alloc: Dict[int, _split.Slice] = {}
+        self._slices: Dict[int, _split.Slice] = {}
         self._cond = threading.Condition()
         self._failure: Optional[str] = None
         self._lost = False
@@ -186,7 +186,7 @@ class Session:
         self._outbox: list = []
         #: the last iteration whose step has ended (the engine's done, or step_done)
         self.finished = -1
-        self._alloc_wait = 0.0
+        self._slice_wait = 0.0
         self._push_wait = 0.0             # in the mode's before_push (r2sp: its push slot)
         #: the mode's handlers of its own messages (SyncMode.attach registers them)
         self._handlers: Dict[str, Callable[[dict], None]] = {}
@@ -262,7 +262,7 @@ class Session:
         if welcome["type"] != P.WELCOME:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
-        self._initial = _split.slice_of(welcome["allocation"], self.rank)
+        self._initial = _split.slice_of(welcome["split"], self.rank)
         self.slowdown.start()          # a timed slowdown trace counts from the registration
         self.mode_half = self.mode.attach(self)
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
@@ -277,7 +277,7 @@ class Session:
                 msg = self._read()
                 if msg is None:
                     break
-                if msg["type"] == P.ALLOC:
+                if msg["type"] == P.SLICE:
                     self.set_slice(int(msg["iteration"]), _split.Slice(
                         int(msg["offset"]), int(msg["size"]), int(msg["total"])))
                 elif msg["type"] == P.ERROR:
@@ -298,13 +298,13 @@ class Session:
         """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
         self._handlers[kind] = handler
 
-    def set_slice(self, iteration: int, piece: _split.Slice) -> None:
+    def set_slice(self, iteration: int, part: _split.Slice) -> None:
         """This worker's slice of ``iteration``'s global batch has come: the loader may cut it."""
         with self._cond:
-            self._alloc[iteration] = piece
+            self._slices[iteration] = part
             self._cond.notify_all()
         for fn in list(self._listeners):
-            fn(iteration, piece)
+            fn(iteration, part)
 
     def update(self, change: Callable[[], None]) -> None:
         """Run ``change()`` under the session's lock and wake whoever waits (wait_until)."""
@@ -344,8 +344,8 @@ class Session:
             except OSError as exc:
                 raise CoordinatorLost(f"lost the connection to the coordinator: {exc}") from None
 
-    def on_allocation(self, fn: Callable[[int, _split.Slice], None]) -> None:
-        """Call ``fn(iteration, slice)`` (on a background thread) when an allocation arrives."""
+    def on_slice(self, fn: Callable[[int, _split.Slice], None]) -> None:
+        """Call ``fn(iteration, slice)`` (on a background thread) when a slice arrives."""
         self._listeners.append(fn)
 
     # ---- what the loader and the trainer tell it -----------------------------------------
@@ -386,28 +386,35 @@ class Session:
         if not self.model_info:
             self.model_info = dict(info)
 
-    # ---- allocations --------------------------------------------------------------------
+    # ---- slices ------------------------------------------------------------------------
 
     def slice(self, iteration: int, global_batch: Optional[int],
               block: bool = True) -> Optional[_split.Slice]:
         """This worker's slice of the global batch of ``global_batch`` samples at ``iteration``.
 
-        A mode whose coordinator sends allocations (``lbbsp``, ``r2sp``, ``courier``) waits
+        A mode whose coordinator sends splits (``lbbsp``, ``r2sp``, ``courier``) waits
         for it from iteration 1 on; the other modes, and a single process, know their split at
         once. ``global_batch=None``: the size the coordinator chose (:attr:`sets_batch`), the
         slice as it came. With ``block=False``, None when not known.
         """
         if iteration == self.first_iteration:
-            piece = self._initial
-        elif not self.coordinated or not self.mode.follows_allocations:
-            piece = _split.slice_of(_split.equal_split(global_batch, self.num_workers), self.rank)
+            part = self._initial
+        elif not self.coordinated or not self.mode.follows_splits:
+            part = _split.slice_of(_split.equal_split(global_batch, self.num_workers), self.rank)
         else:
-            piece = self._wait_allocation(iteration, block)
-            if piece is None:
+            part = self._wait_slice(iteration, block)
+            if part is None:
                 return None
         if global_batch is None:
-            return piece
-        return _split.rescale_slice(piece, self.rank, self.num_workers, global_batch)
+            return part
+        return self.rescale(part, global_batch)
+
+    def rescale(self, part: _split.Slice, global_batch: int) -> _split.Slice:
+        """This worker's slice ``part`` scaled to a global batch of ``global_batch`` samples
+        (an epoch's short last batch): the one place a worker rescales its slice, the same
+        numbers the coordinator's side gets for the whole split
+        (:func:`mxlbbsp.core.split.rescale_slice`)."""
+        return _split.rescale_slice(part, self.rank, self.num_workers, global_batch)
 
     def _check_going(self) -> None:
         """Raise if the job ended under this worker: the coordinator announced a failure,
@@ -417,17 +424,17 @@ class Session:
         if self._lost:
             raise CoordinatorLost("lost the connection to the coordinator")
 
-    def _wait_allocation(self, iteration: int, block: bool) -> Optional[_split.Slice]:
-        if block and iteration not in self._alloc:
-            self.wait_until(lambda: iteration in self._alloc)
+    def _wait_slice(self, iteration: int, block: bool) -> Optional[_split.Slice]:
+        if block and iteration not in self._slices:
+            self.wait_until(lambda: iteration in self._slices)
         with self._cond:
-            if iteration not in self._alloc:
+            if iteration not in self._slices:
                 self._check_going()
                 return None
-            piece = self._alloc[iteration]
-            for old in [k for k in self._alloc if k < iteration - 1]:
-                del self._alloc[old]
-        return piece
+            part = self._slices[iteration]
+            for old in [k for k in self._slices if k < iteration - 1]:
+                del self._slices[old]
+        return part
 
     def next_iteration(self, global_batch: Optional[int]) -> tuple:
         """Start the next iteration: returns (iteration, offset, local batch size).
@@ -453,16 +460,16 @@ class Session:
         start = time.perf_counter()
         if self._t_end is None:
             self._t_end = start
-        piece = self.slice(t, global_batch)
-        global_batch = piece.total
+        part = self.slice(t, global_batch)
+        global_batch = part.total
         self._t_start = time.perf_counter()
-        self._alloc_wait = self._t_start - start
+        self._slice_wait = self._t_start - start
         if self.clock is not None:
             self.clock.mark("alloc")
         self.iteration = t
         self.batch_global = int(global_batch)
-        self.batch_local = piece.size
-        return t, piece.offset, piece.size
+        self.batch_local = part.size
+        return t, part.offset, part.size
 
     def lr_factor(self) -> float:
         """How much the learning rate of this iteration is scaled: 1, unless the global
@@ -495,7 +502,7 @@ class Session:
         ``grad_sqr``: |sum of this worker's per-sample gradients|^2, in a mode that asks for
         it (``grad_norms``: goodput's noise scale), sent with the report."""
         now = time.perf_counter()
-        compute = max(now - self._t_end - self._alloc_wait - self._untimed, 1e-9)
+        compute = max(now - self._t_end - self._slice_wait - self._untimed, 1e-9)
         self._untimed = 0.0
         # Experiments: an emulated per-sample cost (a heavier model without using the CPU),
         # then the worker's slowdown factor stretches the whole compute phase.
@@ -576,7 +583,7 @@ class Session:
         :meth:`report_when_ready`, sent by the main thread. Its wait counts the main
         thread's wait for the slice only as far as the engine idled for it (the main thread
         may wait while the engine still runs the step before)."""
-        t, alloc_wait = self.iteration, self._alloc_wait
+        t, slice_wait = self.iteration, self._slice_wait
         self._handed_over()
 
         def done() -> None:
@@ -584,7 +591,7 @@ class Session:
             sync = now - (self._t_ready if self._t_ready is not None else now)
             iteration_s = now - (self._t_end if self._t_end is not None else now)
             self._t_end = now
-            waited = min(alloc_wait, self._idle) + sync
+            waited = min(slice_wait, self._idle) + sync
             self._post(t, P.done(t, waited, sync, iteration_s))
         return done
 
@@ -664,7 +671,7 @@ class Session:
         self.finished = self.iteration
         if self.coordinated:
             self._signals.begin()       # the next compute phase starts now
-            msg = P.done(self.iteration, self._alloc_wait + self._push_wait + sync, sync,
+            msg = P.done(self.iteration, self._slice_wait + self._push_wait + sync, sync,
                          iteration_s)
             if global_grad_sqr is not None:
                 msg["global_grad_sqr"] = (global_grad_sqr
