@@ -411,3 +411,19 @@ def test_a_checkpoint_state_of_another_build_is_learnt_afresh_not_a_crash(caplog
                                       resume_state=json.loads(json.dumps(a.state_dict())),
                                       resume_manifest={"iteration": 19}))
     assert c._regime.times.shape == a._regime.times.shape
+
+
+def test_a_checkpoint_state_gives_back_its_two_splits_under_either_keys():
+    """The two splits a checkpoint saved ("split", "next_split") are the resumed job's first;
+    a state that saved them as "sizes" and "next_sizes" gives the same."""
+    import json
+    a = Coordinator(CoordinatorConfig(num_workers=2, token="t"))
+    saved = json.loads(json.dumps(a.state_dict()))
+    assert "split" in saved and "next_split" in saved and "sizes" not in saved
+    for keys in (("split", "next_split"), ("sizes", "next_sizes")):
+        state = {k: v for k, v in saved.items() if k not in ("split", "next_split")}
+        state[keys[0]], state[keys[1]] = [40, 24], [36, 28]
+        b = Coordinator(CoordinatorConfig(num_workers=2, token="t", resume_state=state,
+                                          resume_manifest={"iteration": 19}))
+        assert b._resumed_split.tolist() == [40, 24], keys
+        assert b._resumed_next.tolist() == [36, 28], keys

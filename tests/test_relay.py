@@ -109,7 +109,7 @@ def test_a_hubs_merged_sections_read_back_as_its_relays_sections():
         F.merge_rows([(a[0][:-8], 0.0), (b[0], 0.0)])
 
 
-def test_slices_frames_carry_each_workers_alloc_line():
+def test_slices_frames_carry_each_workers_slice_line():
     frame = F.slices_frame(7, 100, np.array([4, 9]), np.array([10, 60]), np.array([5, 40]))
     (kind, body), = F.split_frames(bytearray(frame))[0]
     assert kind == F.SLICES
