@@ -93,3 +93,20 @@ def test_a_job_timed_by_the_engine_waits_less_than_its_iterations(tmp_path):
     assert not over, over[:10]
     waited = float(re.search(r"workers waited ([0-9.]+)% of the time", r.stderr).group(1))
     assert waited <= 100.0, r.stderr
+
+
+def test_a_main_thread_ahead_of_the_engine_counts_its_own_time_as_compute():
+    """The main thread issued iteration t (2 ms of Python from its slice) while the engine
+    still waited for the pull of t-1 (its end at 9 ms): the engine then ran t's forward and
+    backward in 0.4 ms, and the worker's compute is the main thread's 2 ms, not those 0.4
+    (which made NARX see one of two equal workers 2x faster, and split 44:20)."""
+    from mxlbbsp.worker.session import engine_compute
+    ms = 1e-3
+    assert engine_compute(0.0, 2 * ms, 9 * ms, 9.4 * ms) == pytest.approx(2 * ms)
+    # the engine behind the slice: its own part from the slice, the longer one
+    assert engine_compute(5 * ms, 6 * ms, 1 * ms, 9 * ms) == pytest.approx(4 * ms)
+    # the engine's part from the end of the step before, after the slice
+    assert engine_compute(0.0, 1 * ms, 3 * ms, 6 * ms) == pytest.approx(3 * ms)
+    # the first iteration (no step before), and time in untimed() left out
+    assert engine_compute(0.0, 1 * ms, None, 5 * ms, untimed=1 * ms) == pytest.approx(4 * ms)
+    assert engine_compute(0.0, 0.0, None, 0.0) > 0

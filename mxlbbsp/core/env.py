@@ -62,8 +62,8 @@ MXLBBSP_TIMELINE       set by the user (``--env``; benchmarks/overhead.py): a fo
                        (``timeline-RANK.json``, mxlbbsp.worker.timeline); absent: none taken
 MXLBBSP_ENGINE_CLOCK   set by the user (``--env``): 1 lets MXNet's engine time a worker's
                        report and done (mxlbbsp.worker.engine) where the job allows it;
-                       absent: the worker waits for the engine (the default: the engine's
-                       clock misread a small model's compute, see mxlbbsp.worker.trainer)
+                       absent: the worker waits for the engine (the default: see
+                       mxlbbsp.worker.trainer)
 =====================  ===========================================================
 """
 from __future__ import annotations

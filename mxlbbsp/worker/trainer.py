@@ -420,9 +420,11 @@ class Trainer(gluon.Trainer):
         (which waits for the initial pull), unless the worker sleeps an emulated cost in the
         compute phase, the mode needs the gradients' norms (read from the arrays, on the
         Python thread), or the job keeps snapshots for a hand-over (which must follow the
-        done of the iteration it holds). Not the default: on a 2 ms MLP on two equal
-        workers the engine's clock read one worker's compute as 0.26 ms once, and the split
-        went to 44:20 for four iterations on equal workers."""
+        done of the iteration it holds). The compute it reports is
+        :func:`~mxlbbsp.worker.session.engine_compute`'s. Not the default: on two equal
+        workers of a 2 ms MLP under heavy load, the split test of test_time_model failed 3
+        runs of 10 with it, 1 of 8 without (its readings are the longer of the engine's
+        and the main thread's time, which varies more)."""
         return _env.engine_clock() and sess.coordinated and \
             sess.iteration > sess.first_iteration and not sess.emulated and \
             not sess.mode.grad_norms and not _env.snapshots() and _engine.available()
