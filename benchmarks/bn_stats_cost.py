@@ -8,8 +8,9 @@ rotated, throughput (samples/s after the warm-up) compared per round:
   spread of the workers' batch means included (three centred values per statistic, and one
   more round trip on the first step);
 * ``linear``: the combination of commit ``--baseline`` (default 6a5b529, the code before the
-  change: one value per statistic, weighted mean, no spread term), the workers importing that
-  commit's mxlbbsp and its examples/train_gluon.py from a temporary git worktree;
+  change: one value per statistic, weighted mean, no spread term): the whole job on that
+  commit's code from a temporary git worktree, its launcher and coordinator too (a worker
+  speaks only to a coordinator of its own commit: the wire messages were renamed since);
 * ``off``: no combination at all (``--no-bn-sync`` of examples/train_gluon.py).
 
     python benchmarks/bn_stats_cost.py            # 3 rounds x 60 iterations
@@ -43,22 +44,22 @@ def main():
     train = ["--model", "resnet20", "--data", "synthetic", "--samples", "4096",
              "--batch-size", str(args.batch_size), "--epochs", "100",
              "--iterations", str(iters), "--log-interval", "0"]
-    # --relay off in every arm: the baseline's workers (older code) speak to the coordinator
-    # only over TCP, and the arms must differ in the BatchNorm statistics alone
-    launch = ["--emulate-slowdown", "1,3", "--relay", "off"]
+    # --relay off in this tree's arms: the baseline has no relays (every worker speaks to
+    # the coordinator over TCP), and the arms must differ in the BatchNorm statistics alone
+    slow = ["--emulate-slowdown", "1,3"]
+    launch = [*slow, "--relay", "off"]
     with C.worktree(args.baseline) as tree, tempfile.TemporaryDirectory() as tmp:
-        old = [C.PY, str(tree / "examples" / "train_gluon.py"), *train]
         arms = {"exact": (train, launch, None),
-                "linear": (train, [*launch, "--env", f"PYTHONPATH={tree}"], old),
+                "linear": (train, slow, C.importable(tree)),
                 "off": ([*train, "--no-bn-sync"], launch, None)}
         runs = {name: [] for name in arms}
         for r in range(rounds):
             order = list(arms)[r % 3:] + list(arms)[:r % 3]
             for name in order:
-                train_args, launch_args, command = arms[name]
+                train_args, launch_args, code = arms[name]
                 C.progress(f"round {r + 1}/{rounds}: {name}")
                 s = C.launch(2, train_args, Path(tmp) / f"{name}-{r}.jsonl",
-                             launch_args=launch_args, command=command)
+                             launch_args=launch_args, tree=code)
                 runs[name].append(s["samples_per_s"])
                 C.progress(f"  {s['samples_per_s']:.1f} samples/s")
     ratio = {other: [e / o for e, o in zip(runs["exact"], runs[other])]
