@@ -485,7 +485,10 @@ def test_a_hub_merges_its_relays_sections_when_the_workers_log_every_iteration(t
     config = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "m.jsonl"))
     got, c, relays = _through([3, 3, 2], config, hub=True, iterations=20, pause=0.05, log=True)
     hub = relays[0]
-    assert hub.sections_up <= hub.sections_in / 2, (hub.sections_in, hub.sections_up)
+    # merged: about a third as many sections up as in (3 relays); a relay read late by a
+    # loaded machine leaves some apart (a fresh-clone run under load: 63 of 124, just over a
+    # half); sections ordered per relay would not merge at all (as many up as in)
+    assert hub.sections_up <= hub.sections_in * 2 / 3, (hub.sections_in, hub.sections_up)
     assert all(r["scalars"] for r in got[1][:-8])     # the last iteration's may come late
     direct = CoordinatorConfig(num_workers=8, token=TOKEN, metrics=str(tmp_path / "d.jsonl"))
     assert got == _through([1] * 8, direct, iterations=20, pause=0.05, log=True)[0]
