@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from .discovery import Discovery, DiscoveryFailed, cap, describe_change
@@ -349,7 +350,6 @@ class Watcher:
         """A role failed: ask a surviving worker for the state of its last finished
         iteration and wait for it (at most ``wait`` seconds), so that the next generation
         starts from there instead of the newest periodic checkpoint."""
-        import time
         coord = self.job.coordinator
         if coord is None or coord.progress().iteration < self.job.first_iteration:
             return
@@ -417,8 +417,6 @@ class _ElasticRun:
     until one ends in neither a resize nor a failure that may be recovered from."""
 
     def __init__(self, config, output, membership: Membership):
-        import time
-
         self.config, self.output, self.membership = config, output, membership
         self.low = config.min_workers or 1
         self.limit = config.restarts or FAILURES
@@ -443,8 +441,6 @@ class _ElasticRun:
     def _first_hosts(self):
         """The hosts of the first generation, once they have ``--min-workers`` slots; or
         the exit code when they do not come."""
-        import time
-
         config, low = self.config, self.low
         deadline = self.started + config.start_timeout
         while True:
@@ -479,8 +475,6 @@ class _ElasticRun:
 
     def _generations(self, hosts):
         """The exit code of the last generation."""
-        import time
-
         from .job import _finished
 
         checked: set = set()
@@ -522,8 +516,6 @@ class _ElasticRun:
     def _after_failure(self, job, watcher, rc):
         """After a generation that ended other than in a resize: (the note, the hosts and
         the hosts checked) of the restart, or the exit code of the job."""
-        import time
-
         from .job import NO_RESTART
 
         config, output, low = self.config, self.output, self.low

@@ -586,13 +586,12 @@ class Session:
         self._handed_over()
 
         def report() -> None:
-            now = time.perf_counter()
-            begin = max(start, self._t_end if self._t_end is not None else start)
-            compute = engine_compute(start, issued, self._t_end, now, untimed)
+            now, end = time.perf_counter(), self._t_end
+            compute = engine_compute(start, issued, end, now, untimed)
             self._compute, self._t_ready = compute, now
             # the engine idled from the step before to this compute: the most of the main
             # thread's wait for this slice that held the worker up (the rest overlapped it)
-            self._idle = begin - self._t_end if self._t_end is not None else float("inf")
+            self._idle = max(start - end, 0.0) if end is not None else float("inf")
             self._post(None, (t, local, total, compute) + fields)
         return report
 
