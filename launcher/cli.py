@@ -195,6 +195,12 @@ def cli(verbose):
 @click.option("--threshold", type=float, default=_default("threshold"), show_default=True,
               help="Semi-dynamic balancing: keep the current split unless the new one is "
                    "predicted to be this much faster.")
+@click.option("--control-period", type=float, default=_default("control_period"),
+              show_default=True, metavar="SECONDS",
+              help="How often the workers report and, when an iteration is shorter than "
+                   "this, the coordinator decides: the split then holds for the iterations "
+                   "of one period, so that the control messages cost a model of a few "
+                   "milliseconds per iteration almost nothing. 0: every iteration.")
 @click.option("--max-batch-size", type=int, metavar="B",
               help="Most samples one worker may get per iteration (e.g. its memory).")
 @click.option("--min-batch-size", type=int, metavar="B",
@@ -303,7 +309,7 @@ def cli(verbose):
                    "coordinator's decisions (a split kept under --threshold, the time model).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_model, exog,
-           signal_spec, threshold,
+           signal_spec, threshold, control_period,
            max_batch_size, min_batch_size, emulate_slowdown, emulate_compute, metrics,
            tensorboard, env_items, log_dir, progress,
            stall_timeout, bind, ps_interface, ssh_port, ssh_identity, ssh_option_items,
@@ -317,7 +323,7 @@ def launch(num_workers, num_servers, hostfile, launcher, sync, predictor, time_m
         command=list(command), num_workers=num_workers, num_servers=num_servers,
         hostfile=hostfile, launcher=launcher, sync=sync, predictor=predictor,
         time_model=time_model, exog=exog, signals=signal_spec, threshold=threshold,
-        max_batch_size=max_batch_size, min_batch_size=min_batch_size, tensorboard=tensorboard,
+        control_period=control_period, max_batch_size=max_batch_size, min_batch_size=min_batch_size, tensorboard=tensorboard,
         emulate_slowdown=emulate_slowdown,
         emulate_compute=emulate_compute,
         metrics=metrics, env=parse_env(env_items), log_dir=log_dir, progress=progress,

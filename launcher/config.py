@@ -27,7 +27,7 @@ import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from mxlbbsp import modes, predictors
-from mxlbbsp.control.config import CoordinatorConfig
+from mxlbbsp.control.config import CONTROL_PERIOD, CoordinatorConfig
 from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import env as _env
 from mxlbbsp.core import signals
@@ -214,6 +214,7 @@ class LaunchConfig:
     exog: str = "auto"                        # the predictor's inputs (--exog)
     signals: str = "auto"                     # what the workers read besides (--signals)
     threshold: float = _COORDINATOR["threshold"].default
+    control_period: float = CONTROL_PERIOD
     max_batch_size: Optional[int] = None
     min_batch_size: Optional[int] = None      # None: auto (coordinator.auto_min_batch)
     tensorboard: Optional[str] = None         # folder for TensorBoard event files
@@ -346,6 +347,10 @@ class LaunchConfig:
         if not 0 <= self.threshold < 1:
             raise ConfigError(f"--threshold {self.threshold}: must be in [0, 1), e.g. 0.03 "
                               "(keep the split unless the gain is 3% or more)")
+        if not 0 <= self.control_period <= 60:
+            raise ConfigError(f"--control-period {self.control_period}: must be between 0 and "
+                              f"60 seconds, e.g. {CONTROL_PERIOD} (0: a decision every "
+                              "iteration)")
         if self.predictor == "oracle" and not self.emulate_slowdown:
             raise ConfigError("--predictor oracle knows the emulated slowdowns, so it needs "
                               "--emulate-slowdown")
@@ -557,7 +562,7 @@ class LaunchConfig:
         return CoordinatorConfig(
             num_workers=self.num_workers, token=token, sync=self.sync,
             predictor=self.predictor, time_model=self.time_model, threshold=self.threshold,
-            exog=self.exog_columns, max_batch_size=self.max_batch_size,
+            control_period=self.control_period, exog=self.exog_columns, max_batch_size=self.max_batch_size,
             min_batch_size=self.min_batch_size, tensorboard=self.tensorboard,
             metrics=self.metrics, host=host, sock=sock, slowdown=self.slowdown,
             sync_options=self.sync_options,

@@ -52,6 +52,8 @@ the option):
     --predictor last, --exog none, --signals none    test_matrix::test_job[...+last...]
     --exog all, --signals all                        test_matrix::test_job[...+signals...]
     --exog COLS, --signals COLS                      test_signals::test_workers_report_...
+    --control-period (its default: every job)        test_leases::test_sessions_hold_...;
+      --control-period 0                               test_matrix::test_job[...+per-iteration...]
     --min-batch-size                                 test_matrix::test_job[...+min-batch...],
                                                        test_diagnoses::test_a_starved_worker_...
     --emulate-slowdown N,N,.., --emulate-compute     every job of the matrix
@@ -200,6 +202,9 @@ BUNDLES = (
            lambda j: j.resume_onto is None, _logs),
     Bundle("relay", lambda j, d: ["--relay", "on", "--hubs", "on"], lambda j: True, _relayed),
     Bundle("min-batch", lambda j, d: ["--min-batch-size", 2], lambda j: j.model == "bn"),
+    # a decision every iteration (the default decides once per control period)
+    Bundle("per-iteration", lambda j, d: ["--control-period", 0],
+           lambda j: j.sync in ("lbbsp", "bsp")),
     # batches loaded by 2 processes for a hybridized net: the reference is the check
     Bundle("prefetch", lambda j, d: [], lambda j: True, script=("--loader-workers", "2",
                                                                 "--hybridize")),

@@ -12,6 +12,11 @@ from mxlbbsp import predictors as _pred
 from mxlbbsp.control.speed import TIME_MODELS
 from mxlbbsp.core import signals as _signals
 
+#: ``mxlbbsp launch --control-period``'s default, seconds: on a model of a few milliseconds
+#: per iteration the coordinator decides every few iterations and a worker writes to it a
+#: few dozen times a second, not hundreds (benchmarks/overhead.py)
+CONTROL_PERIOD = 0.05
+
 
 @dataclasses.dataclass
 class CoordinatorConfig:
@@ -31,6 +36,10 @@ class CoordinatorConfig:
     tensorboard: Optional[str] = None     # --tensorboard: event files of the scalars
     metrics: Optional[str] = None         # --metrics: the JSON-lines file
     warmup: int = 1                       # first iterations (graph building) not learnt from
+    #: --control-period: seconds a worker may hold its reports to send them in one write,
+    #: and, on iterations shorter than it, one decision per period (a lease of several
+    #: iterations: Coordinator._lease); 0: a decision per iteration, each report at once
+    control_period: float = 0.0
     slowdown: Optional[list] = None       # per-rank emulated slowdown schedules (the oracle's)
     host: str = "127.0.0.1"               # address to listen on
     port: int = 0                         # 0: any free port
@@ -56,6 +65,8 @@ class CoordinatorConfig:
             raise ValueError(problem)
         if self.time_model not in TIME_MODELS:
             raise ValueError(f"time_model must be one of {TIME_MODELS}")
+        if not 0 <= self.control_period <= 60:
+            raise ValueError("control_period must be between 0 and 60 seconds")
         if self.min_batch_size is not None and self.min_batch_size < 1:
             raise ValueError("min_batch_size must be >= 1")
         if self.predictor not in _pred.available():

@@ -57,7 +57,7 @@ from mxlbbsp.control.recorder import Recorder
 from mxlbbsp.control.registration import (
     auto_min_batch,
     check_hellos,
-    first_global_batch,
+    epoch_plan,
     uneven_end,
 )
 from mxlbbsp.control.speed import SpeedModel
@@ -70,6 +70,12 @@ log = logging.getLogger(__name__)
 
 #: how many iterations' split latencies the coordinator keeps
 SPLIT_LATENCY_KEPT = 100_000
+#: the longest lease: at most this many iterations decided at once (a control period of
+#: iterations shorter than period / LEASE_MOST still gives leases of this many)
+LEASE_MOST = 64
+#: the iterations the job's rate is measured over (the lease length); below this many, no
+#: lease: a decision per iteration
+RATE_OVER = 8
 
 
 class Coordinator:
@@ -142,6 +148,16 @@ class Coordinator:
         #: SPLIT_LATENCY_KEPT iterations (benchmarks/coordinator_scale.py reads them)
         self.split_latency: collections.deque = collections.deque(maxlen=SPLIT_LATENCY_KEPT)
         self._start = 0                              # first iteration (> 0 when resumed)
+        #: the last iteration planned (its split decided, sent by a policy that sends)
+        self._planned = -1
+        #: (first, last) of the split being planned (Control.planning)
+        self._planning = (0, 0)
+        #: the reports of the iterations since the last plan, learnt from at the next
+        #: (a decision per control period: see decide)
+        self._window: List[np.ndarray] = []
+        #: a worker's loader asked for another B than the epochs' plan says: no leases
+        self._leases_off = False
+        self._epochs = None                          # the DataLoaders' EpochPlan (leases)
         #: the splits a checkpoint saved: of the iteration after it, and of the one after
         self._resumed_split: Optional[np.ndarray] = None
         self._resumed_next: Optional[np.ndarray] = None
@@ -415,6 +431,11 @@ class Coordinator:
         return self._in_force
 
     @property
+    def planning(self) -> tuple:
+        """(first, last): the iterations the split being planned is for."""
+        return self._planning
+
+    @property
     def measured(self) -> Optional[tuple]:
         """(batch sizes, compute seconds) per worker of the iteration being decided."""
         return self._measured
@@ -427,9 +448,13 @@ class Coordinator:
         """One message to every worker, encoded once (behind a relay: one frame for all)."""
         self.links.broadcast(msg)
 
-    def send_split(self, iteration: int, split) -> None:
-        """Every worker its own slice of ``split``, iteration's global batch (O(n) bytes)."""
-        self.links.send_split(iteration, split)
+    def send_split(self, iteration: int, split, until: Optional[int] = None) -> None:
+        """Every worker its own slice of ``split``, iteration's global batch (with
+        ``until``: of every iteration up to it; O(n) bytes)."""
+        if until is None or until == iteration:
+            self.links.send_split(iteration, split)
+        else:
+            self.links.send_split(iteration, split, until=until)
 
     def _fail(self, message: str, fatal_for_workers: bool = True, kind: str = "runtime") -> None:
         if self.failure is None:
@@ -479,7 +504,9 @@ class Coordinator:
             self._in_force = resumed          # the split balancing had reached
         self._splits = {start: self._in_force}
         self._hand_off_forecasts()
-        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._in_force))
+        self.links.broadcast(P.welcome(self.config.num_workers, self.config.sync, self._in_force,
+                                       self._period))
+        self._planned = start + policy.ahead
         for k in range(1, 1 + policy.ahead):
             after = self._resumed_next if k == 1 else None
             if (after is not None and policy.sends
@@ -493,16 +520,20 @@ class Coordinator:
             log.debug("iteration %d: split %s (before any report)", start + k,
                       _shown(self._in_force))
 
+    @property
+    def _period(self) -> float:
+        """The control period: how long a worker may hold its reports (0: none)."""
+        return self.config.control_period if self._policy.decides_per_period else 0.0
+
     def opening_batch(self, iteration: int) -> int:
         """The global batch the DataLoaders ask for at ``iteration``, split before any
         report: their B, or the short last batch of an epoch when the iteration falls on
         it."""
-        hello = self._hellos[0]
-        if iteration and hello.get("dataset_size"):
+        if iteration:
             # a job may start (resumed) or continue at an epoch's short last batch: its
             # split, not B's, which each worker would scale down without the bounds
-            return first_global_batch(hello, iteration)
-        return int(hello["global_batch_size"])
+            return self._batch_at(iteration)
+        return int(self._hellos[0]["global_batch_size"])
 
     def _hand_off_forecasts(self) -> None:
         """Every worker has said hello: with a separable predictor, each relay forecasts its
@@ -558,13 +589,23 @@ class Coordinator:
         columns...] (Collector); ``next_B``, ``after_B``: rank 0's next_global_batch and
         after_next_global_batch; ``forecast``: the relays' forecasts."""
         started = time.perf_counter()
+        policy = self._policy
+        B = policy.global_batch(t, next_B, after_B)
+        lease = self._lease(t, B)
+        if lease is None:            # planned far enough ahead: learnt from with the next plan
+            self._window.append(columns)
+            return
+        target, last = self._planning = lease
+        if self._window:
+            self._window.append(columns)
+            columns = _mean(self._window)
+            self._window = []
+        if target != t + 1 + policy.ahead:
+            B = self._batch_at(target)
         # contiguous copies: the same arrays (and sums) as built from the reports
         batch, compute = columns[:, 0].copy(), columns[:, 1].copy()
         exog = np.ascontiguousarray(columns[:, 2:])
         self._measured = (batch, compute)
-        policy = self._policy
-        target = t + 1 + policy.ahead            # the iteration the reports of t split
-        B = policy.global_batch(t, next_B, after_B)
         for old in [k for k in self._splits if k < t]:
             del self._splits[old]
         # the split in force (the latest planned), scaled to the B of the one planned now
@@ -574,7 +615,7 @@ class Coordinator:
         if t < self._start + self.config.warmup:
             # Iteration 0 builds graphs and allocates memory: not a speed worth learning.
             if B is not None and in_force is not None:
-                self._in_force = self._splits[target] = np.asarray(policy.warmup(t, B, in_force))
+                self._planned_as(np.asarray(policy.warmup(t, B, in_force)))
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
                           target, _shown(self._in_force))
             return
@@ -589,16 +630,85 @@ class Coordinator:
             return
         if policy.sends:
             self.split_latency.append(time.perf_counter() - started)
-        self._in_force = self._splits[target] = np.asarray(split)
-        # What the predictor expects each worker's observed speed to be at that iteration
-        # (a forecast of the next one stands for it)
-        predicted = self.recorder.predicted[target] = self._in_force / model.time(self._in_force)
+        self._planned_as(np.asarray(split))
+        # What the predictor expects each worker's observed speed to be at those iterations
+        # (a forecast of the next one stands for them)
+        predicted = self._in_force / model.time(self._in_force)
+        for k in range(target, last + 1):
+            self.recorder.predicted[k] = predicted
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("iteration %d: split %s of %d; predicted speeds %s samples/s; %s",
-                      target, _shown(self._in_force), int(self._in_force.sum()), _shown(predicted),
+            log.debug("iteration %s: split %s of %d; predicted speeds %s samples/s; %s",
+                      target if last == target else f"{target}-{last}",
+                      _shown(self._in_force), int(self._in_force.sum()), _shown(predicted),
                       self.balancer.decision or f"{self.config.sync}'s own split")
         self.speed.learn()     # training, after the broadcast: off the critical path
         policy.after_split(t)
+
+    def _planned_as(self, split: np.ndarray) -> None:
+        """The split of the iterations being planned (:attr:`planning`) is ``split``."""
+        first, last = self._planning
+        self._in_force = split
+        for k in range(first, last + 1):
+            self._splits[k] = split
+        self._planned = max(self._planned, last)
+
+    def _lease(self, t: int, B: Optional[int]) -> Optional[tuple]:
+        """The iterations to plan now that the reports of t are in: (first, last), or None
+        when they are planned far enough ahead already.
+
+        A decision per iteration plans t+1+ahead. On iterations shorter than the control
+        period (``--control-period``), one decision per period: the split then holds for a
+        lease of k = period / iteration time iterations, planned so far ahead that a worker
+        never waits for it although its reports come once per period (k of them, k + 1
+        iterations late at most, and the engine's lead of two); the predictor learns from
+        the mean of the iterations reported since the last plan. Not during the warm-up,
+        with relays (which forecast per iteration), or once a loader's B left the epochs'
+        plan (a lease is cut where B changes: the coordinator follows the plan itself)."""
+        natural = t + 1 + self._policy.ahead
+        k = self._lease_length(t, B, natural)
+        if k == 1:
+            return None if self._planned >= natural else (natural, natural)
+        need = natural + k + 1
+        if self._planned >= need:
+            return None
+        first = self._planned + 1
+        last = max(need, self._planned + k)
+        size = self._batch_at(first)
+        for x in range(first + 1, last + 1):
+            if self._batch_at(x) != size:            # an epoch's short last batch: its own
+                last = x - 1
+                break
+        return first, last
+
+    def _lease_length(self, t: int, B: Optional[int], natural: int) -> int:
+        """How many iterations the next split holds (1: a decision per iteration)."""
+        period = self._period
+        if period <= 0 or self._leases_off or self.links.relays or B is None \
+                or t < self._start + self.config.warmup or len(self._recent) < RATE_OVER:
+            return 1
+        if B != self._batch_at(natural):
+            # the loader does not follow the epochs' plan (e.g. a loader made anew within an
+            # epoch): from here on, B as rank 0 announces it, every iteration
+            self._leases_off = True
+            log.debug("iteration %d: the loader's global batch %d is not the epoch plan's %d: "
+                      "a decision per iteration from now on", natural, B,
+                      self._batch_at(natural))
+            return 1
+        (t0, _), (t1, _) = self._recent[0], self._recent[-1]
+        each = (t1 - t0) / (len(self._recent) - 1)
+        if not each > 0:
+            return 1
+        return int(min(LEASE_MOST, max(1, round(period / each))))
+
+    def _batch_at(self, iteration: int) -> int:
+        """The global batch the DataLoaders ask for at ``iteration`` (their epochs' plan)."""
+        hello = self._hellos[0]
+        if not hello.get("dataset_size"):
+            return int(hello["global_batch_size"])
+        if self._epochs is None:
+            self._epochs = epoch_plan(hello)
+        plan = self._epochs
+        return plan.batch(plan.position(iteration)[1])[1]
 
     def _on_log(self, rank: int, msg: dict) -> None:
         """The script's values of an iteration (mxlbbsp.log): into that record's scalars."""
@@ -635,6 +745,16 @@ class Coordinator:
         self.recorder.flush(self._iteration, self.collect.last_report, self._byes,
                             self._hosts, self.speed.fallbacks,
                             self._policy.record_fields, final=final)
+
+
+def _mean(columns: List[np.ndarray]) -> np.ndarray:
+    """The mean of several iterations' report columns, NaN where none had a value."""
+    stack = np.stack(columns)
+    have = ~np.isnan(stack)
+    counts = have.sum(axis=0)
+    sums = np.where(have, stack, 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def _shown(values, most: int = 16) -> str:

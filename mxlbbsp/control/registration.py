@@ -142,14 +142,12 @@ def _check_caps(hellos: Sequence[dict], config, policy, balancer, B: int) -> Opt
     return None
 
 
-def first_global_batch(hello: dict, start: int) -> int:
-    """The global batch of a job's first iteration, ``start`` (> 0: resumed), as a
-    worker's ``hello`` describes its DataLoader: its global batch size, or the short last
-    batch of an epoch when the job resumes there."""
+def epoch_plan(hello: dict) -> EpochPlan:
+    """How the DataLoader a worker's ``hello`` describes cuts its epochs into global
+    batches (its global batch size, the short last batch of each epoch)."""
     order = hello.get("order") or {}
-    plan = EpochPlan(int(hello["dataset_size"]), int(hello["global_batch_size"]),
+    return EpochPlan(int(hello["dataset_size"]), int(hello["global_batch_size"]),
                      order.get("last_batch") or "keep")
-    return plan.batch(plan.position(start)[1])[1]
 
 
 def _check_identity(hellos: Sequence[dict]) -> Optional[str]:

@@ -324,8 +324,9 @@ def hold(env: Optional[Mapping[str, str]] = None) -> Optional[_protocol.Address]
 
 
 def engine_clock(env: Optional[Mapping[str, str]] = None) -> bool:
-    """MXLBBSP_ENGINE_CLOCK: the engine times the report and done (worker/engine.py)."""
-    return get(env, ENGINE_CLOCK) == "1"
+    """MXLBBSP_ENGINE_CLOCK: the engine times the report and done (worker/engine.py);
+    on unless set to 0."""
+    return get(env, ENGINE_CLOCK) != "0"
 
 
 def snapshots(env: Optional[Mapping[str, str]] = None) -> bool:

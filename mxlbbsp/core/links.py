@@ -189,14 +189,17 @@ class Links:
         """One message to every worker, encoded once."""
         self.to_all(P.encode(msg))
 
-    def send_split(self, iteration: int, split) -> None:
-        """Every worker its own slice of ``split`` (per rank), the split of ``iteration``:
-        a line per connection of its own, one SLICES frame per relay link (O(n) bytes)."""
+    def send_split(self, iteration: int, split, until: Optional[int] = None) -> None:
+        """Every worker its own slice of ``split`` (per rank), the split of ``iteration``
+        (with ``until``: of every iteration from ``iteration`` to ``until``, a lease): a
+        line per connection of its own, one SLICES frame per relay link and iteration
+        (O(n) bytes)."""
         split = np.asarray(split, dtype=np.int64)
-        self._slices(iteration, int(split.sum()), np.cumsum(split) - split, split)
+        self._slices(iteration, int(split.sum()), np.cumsum(split) - split, split,
+                     until=until)
 
     def _slices(self, iteration: int, total: int, offsets: np.ndarray, sizes: np.ndarray,
-                ranks: Optional[np.ndarray] = None) -> None:
+                ranks: Optional[np.ndarray] = None, until: Optional[int] = None) -> None:
         """Workers ``ranks``' slices (None: every rank's, indexed by rank); the layout is
         kept while the registrations and the split's ranks stay the same."""
         layout = self._layout
@@ -209,13 +212,15 @@ class Links:
             for rank, start, count in zip(layout.direct, starts, counts):
                 writer = writers[rank]
                 if not writer.is_closing():
-                    writer.write(line(iteration, start, count, total))
+                    writer.write(line(iteration, start, count, total, until))
         if layout.relays:
             at = layout.at
-            data = memoryview(layout.frames.fill(iteration, total, offsets[at], sizes[at]))
-            for relay, (start, end) in zip(layout.relays, layout.frames.bounds):
-                if not relay.transport.is_closing():
-                    relay.transport.write(data[start:end])
+            # a SLICES frame holds one iteration (a relay's workers get a line each)
+            for t in range(iteration, (iteration if until is None else until) + 1):
+                data = memoryview(layout.frames.fill(t, total, offsets[at], sizes[at]))
+                for relay, (start, end) in zip(layout.relays, layout.frames.bounds):
+                    if not relay.transport.is_closing():
+                        relay.transport.write(data[start:end])
 
     def pass_down(self, kind: int, body: bytes) -> bool:
         """A frame from upstream for the workers routed here (SLICES, TO_RANK, CLOSE,

@@ -25,12 +25,17 @@ worker -> coordinator
     request {iteration, next_global_batch}   (r2sp) request to proceed: the worker's gradients
                                       of ``iteration`` are ready, it waits for a push slot
 coordinator -> worker
-    welcome {num_workers, sync, split}   every worker has said hello; ``split`` is the
-                                         first iteration's (a mode whose splits are
-                                         decided two iterations ahead, lbbsp, sends the
-                                         second's slice right after it)
-    slice   {iteration, offset, size, total}   this worker's slice of the global batch at
-                                      ``iteration``: samples [offset, offset + size) of total.
+    welcome {num_workers, sync, split[, period_s]}   every worker has said hello; ``split``
+                                      is the first iteration's (a mode whose splits are
+                                      decided ahead, lbbsp, sends the next slices right
+                                      after it); ``period_s``: how long a worker may hold
+                                      its reports, dones and logs to send them in one write
+                                      (absent: send each at once)
+    slice   {iteration, offset, size, total[, until]}   this worker's slice of the global
+                                      batch at ``iteration``: samples [offset, offset + size)
+                                      of total; with ``until``, the same slice at every
+                                      iteration from ``iteration`` to ``until`` (a lease:
+                                      the coordinator decides once per control period).
                                       One message per worker, so a broadcast to n workers is
                                       O(n) bytes, not O(n^2)
     grant   {iteration, offset, size, total}   (r2sp) permission to push ``iteration`` now;
@@ -216,19 +221,31 @@ def relay_of(msg: Dict[str, Any]) -> Tuple[str, int]:
     return host, workers
 
 
-def welcome(num_workers: int, sync: str, split: Sequence[int]) -> Dict[str, Any]:
-    return {"type": WELCOME, "num_workers": num_workers, "sync": sync,
-            "split": [int(b) for b in split]}
+def welcome(num_workers: int, sync: str, split: Sequence[int],
+            period_s: float = 0.0) -> Dict[str, Any]:
+    msg = {"type": WELCOME, "num_workers": num_workers, "sync": sync,
+           "split": [int(b) for b in split]}
+    if period_s > 0:
+        msg["period_s"] = float(period_s)
+    return msg
 
 
-def slice_message(iteration: int, offset: int, size: int, total: int) -> Dict[str, Any]:
-    return {"type": SLICE, "iteration": iteration, "offset": offset, "size": size,
-            "total": total}
+def slice_message(iteration: int, offset: int, size: int, total: int,
+                  until: Optional[int] = None) -> Dict[str, Any]:
+    msg = {"type": SLICE, "iteration": iteration, "offset": offset, "size": size,
+           "total": total}
+    if until is not None and until != iteration:
+        msg["until"] = until
+    return msg
 
 
-def slice_line(iteration: int, offset: int, size: int, total: int) -> bytes:
+def slice_line(iteration: int, offset: int, size: int, total: int,
+               until: Optional[int] = None) -> bytes:
     """``encode(slice_message(...))``, without json: the coordinator writes n of these at
     once."""
+    if until is not None and until != iteration:
+        return (b'{"type":"slice","iteration":%d,"offset":%d,"size":%d,"total":%d,'
+                b'"until":%d}\n' % (iteration, offset, size, total, until))
     return b'{"type":"slice","iteration":%d,"offset":%d,"size":%d,"total":%d}\n' % (
         iteration, offset, size, total)
 

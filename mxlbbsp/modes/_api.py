@@ -14,11 +14,16 @@ which it sees through :class:`Control`)
     ``global_batch`` the global batch of the iteration the reports of t split (a mode that
                      chooses it: the most it may be), from rank 0's report
     ``warmup``       what to do with iteration t's reports while warming up (t < warmup)
-    ``plan``         once all n reports of t are in: the split of iteration t+1+``ahead``.
-                     A policy that ``sends`` splits sends it itself
+    ``plan``         once all n reports of t are in: the split of iteration t+1+``ahead``
+                     (a ``windowed`` policy: of the iterations :attr:`Control.planning`
+                     names, a lease). A policy that ``sends`` splits sends it itself
                      (:meth:`Control.send_split`), and may choose its total, that
                      iteration's global batch, itself: the workers follow ``total`` of the
                      ``slice`` message
+    ``windowed``     the coordinator may decide once per control period rather than per
+                     iteration (fast iterations): a split then holds for several
+                     iterations, learnt from their reports' mean; only for a policy whose
+                     global batch follows the DataLoader's epochs (lbbsp, bsp, asp)
     ``on_report``    one worker's report, as it arrives
     ``on_message``   messages of the mode's own (e.g. r2sp's ``request``)
     ``on_done`` / ``on_bye``  a worker finished an iteration / its training loop
@@ -91,8 +96,15 @@ class Control(Protocol):
         """(batch sizes, compute seconds) per worker, as reported, of the iteration being
         decided (during ``plan``; None before the first)."""
 
-    def send_split(self, iteration: int, split) -> None:
-        """Send every worker its slice of ``split``, the split of ``iteration``."""
+    @property
+    def planning(self) -> Tuple[int, int]:
+        """(first, last): the iterations the split being planned is for (during ``plan``
+        and ``warmup``): first = last = t+1+``ahead``, or a lease of a ``windowed``
+        policy."""
+
+    def send_split(self, iteration: int, split, until: Optional[int] = None) -> None:
+        """Send every worker its slice of ``split``, the split of ``iteration`` (with
+        ``until``: of every iteration up to it)."""
 
     def send(self, rank: int, msg: dict) -> None:
         """Send one protocol message (:mod:`mxlbbsp.core.protocol`) to worker ``rank``."""
@@ -162,6 +174,14 @@ class CoordinatorPolicy:
     #: went out an iteration before, while the workers computed t, and the first
     #: ``1 + ahead`` splits come before any report: ``first_split``, then ``opening``)
     ahead = 0
+    #: decisions once per control period on fast iterations (see the module docstring);
+    #: None: when the policy sends no splits (bsp, asp: it only forecasts, as well once
+    #: per period), as a policy that sends them must send each lease whole
+    windowed: Optional[bool] = None
+
+    @property
+    def decides_per_period(self) -> bool:
+        return (not self.sends) if self.windowed is None else bool(self.windowed)
 
     def __init__(self, coordinator: Control, options: Optional[dict] = None):
         self.coordinator = coordinator

@@ -30,6 +30,8 @@ class LBBSPPolicy(CoordinatorPolicy):
     worker whose B(t+2) differs rescales its slice)."""
     sends = True
     ahead = 1
+    #: a split sent for the iterations :attr:`Control.planning` names (a lease)
+    windowed = True
 
     def opening(self, iteration: int, in_force: np.ndarray) -> np.ndarray:
         # within the bounds for the B the loaders will ask for (an epoch's short last batch
@@ -47,13 +49,21 @@ class LBBSPPolicy(CoordinatorPolicy):
         # within the workers' caps and least local batches (``in_force`` comes rescaled to
         # B(t+2) without them; an epoch's short last batch keeps every worker's least)
         split = self.coordinator.balancer.scale(in_force, next_B)
-        self.coordinator.send_split(t + 1 + self.ahead, split)
+        self._send_planned(split)
         return split
 
     def plan(self, t, model, next_B, in_force):
         split = self.coordinator.balancer.split(model, next_B, in_force)
-        self.coordinator.send_split(t + 1 + self.ahead, split)
+        self._send_planned(split)
         return split
+
+    def _send_planned(self, split) -> None:
+        """The split out, for the iterations being planned (t+2, or a lease)."""
+        first, last = self.coordinator.planning
+        if last == first:
+            self.coordinator.send_split(first, split)
+        else:
+            self.coordinator.send_split(first, split, until=last)
 
 
 @register
@@ -107,6 +117,8 @@ class BatchChoosingPolicy(LBBSPPolicy):
 
     #: weight of the newest push/pull time in its running mean
     SYNC_ALPHA = 0.2
+    #: B(t) is chosen every iteration, from the reports of each
+    windowed = False
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)

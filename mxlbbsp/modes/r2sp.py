@@ -75,6 +75,8 @@ class R2SPPolicy(CoordinatorPolicy):
     """Grants push slots in round-robin order, spaced by the learned gap."""
 
     sends = True
+    #: a push slot per worker per iteration: decided every iteration
+    windowed = False
 
     def __init__(self, coordinator, options=None):
         super().__init__(coordinator, options)

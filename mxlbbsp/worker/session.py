@@ -204,6 +204,10 @@ class Session:
         self._scheduled = 0
         self._fired = 0
         self._outbox: list = []
+        #: how long reports, dones and logs may wait in the outbox to go in one write (the
+        #: welcome's period_s; 0: each at once), and when the outbox was last sent
+        self._period = 0.0
+        self._flushed = 0.0
         #: the last iteration whose step has ended (the engine's done, or step_done)
         self.finished = -1
         self._slice_wait = 0.0
@@ -283,6 +287,7 @@ class Session:
             raise CoordinatorLost(f"unexpected first message {welcome['type']!r}")
         self.num_workers = int(welcome["num_workers"])
         self._initial = _split.slice_of(welcome["split"], self.rank)
+        self._period = float(welcome.get("period_s") or 0.0)
         self.slowdown.start()          # a timed slowdown trace counts from the registration
         self.mode_half = self.mode.attach(self)
         threading.Thread(target=self._receive, name="mxlbbsp-session", daemon=True).start()
@@ -298,8 +303,10 @@ class Session:
                 if msg is None:
                     break
                 if msg["type"] == P.SLICE:
+                    until = msg.get("until")
                     self.set_slice(int(msg["iteration"]), _split.Slice(
-                        int(msg["offset"]), int(msg["size"]), int(msg["total"])))
+                        int(msg["offset"]), int(msg["size"]), int(msg["total"])),
+                        None if until is None else int(until))
                 elif msg["type"] == P.ERROR:
                     with self._cond:
                         self._failure = msg["message"]
@@ -318,13 +325,18 @@ class Session:
         """Call ``handler(msg)`` on the receiving thread for each message of type ``kind``."""
         self._handlers[kind] = handler
 
-    def set_slice(self, iteration: int, part: _split.Slice) -> None:
-        """This worker's slice of ``iteration``'s global batch has come: the loader may cut it."""
+    def set_slice(self, iteration: int, part: _split.Slice,
+                  until: Optional[int] = None) -> None:
+        """This worker's slice of ``iteration``'s global batch has come (with ``until``: of
+        every iteration from ``iteration`` to ``until``): the loader may cut it."""
+        last = iteration if until is None else max(int(until), iteration)
         with self._cond:
-            self._slices[iteration] = part
+            for t in range(iteration, last + 1):
+                self._slices[t] = part
             self._cond.notify_all()
         for fn in list(self._listeners):
-            fn(iteration, part)
+            for t in range(iteration, last + 1):
+                fn(t, part)
 
     def update(self, change: Callable[[], None]) -> None:
         """Run ``change()`` under the session's lock and wake whoever waits (wait_until)."""
@@ -342,7 +354,7 @@ class Session:
                 self._check_going()
                 if not self._outbox:
                     self._cond.wait(1.0)
-            self.send_pending()
+            self.send_pending(force=True)   # nothing is held back while this worker waits
 
     def halt(self) -> None:
         """Wait here until the job ends under this worker (an elastic job's hand-over: the
@@ -350,10 +362,11 @@ class Session:
         self.wait_until(lambda: False)
 
     def send(self, msg: dict) -> None:
-        """One protocol message to the coordinator (nothing outside a job)."""
+        """One protocol message to the coordinator (nothing outside a job), after what the
+        outbox holds, in the same write: messages go in the order they were made."""
         if self._sock is None:
             return
-        self._send_bytes(P.encode(msg))
+        self.send_pending(force=True, then=P.encode(msg))
 
     def _send_bytes(self, data: bytes) -> None:
         if self._sock is None:
@@ -535,18 +548,27 @@ class Session:
         self._compute = compute
         self._t_ready = time.perf_counter()
         if self.coordinated:
-            self.send(self._report(self.iteration, self.batch_local, self.batch_global,
-                                   compute, factor, *self._announced, self.lr_factor(),
-                                   grad_sqr))
+            if self._period > 0:
+                # held for the next write (send_pending): its signals are read then
+                with self._cond:
+                    self._outbox.append((self.iteration, self.batch_local, self.batch_global,
+                                         compute, factor, *self._announced,
+                                         self.lr_factor(), grad_sqr))
+            else:
+                self.send(self._report(self.iteration, self.batch_local, self.batch_global,
+                                       compute, factor, *self._announced, self.lr_factor(),
+                                       grad_sqr))
         self.reported = self.iteration
 
     def _report(self, t: int, local: int, total: int, compute: float, factor: float,
                 next_B: Optional[int], after_B: Optional[int], lr: float,
-                grad_sqr: Optional[float] = None) -> dict:
+                grad_sqr: Optional[float] = None, load: Optional[tuple] = None) -> dict:
         """The report of iteration ``t``, with the host's load and the contention signals
-        read now."""
-        cpu, mem = _host_load() if self._read_load else (None, None)
-        msg = P.report(t, local, compute, cpu, mem, factor, next_B, self._signals.read())
+        read now (``load``: (cpu, mem, signals) read once for the reports of one write)."""
+        if load is None:
+            load = self._load()
+        cpu, mem, signals = load
+        msg = P.report(t, local, compute, cpu, mem, factor, next_B, signals)
         msg["global_batch"] = total
         if after_B is not None:
             msg["after_next_global_batch"] = after_B
@@ -627,19 +649,43 @@ class Session:
                 self.finished = finished
             self._cond.notify_all()
 
-    def send_pending(self) -> None:
-        """Send what the engine timed (:meth:`report_when_ready`, :meth:`done_when_finished`)
-        in one write. A report's contention signals are read here: over the window since
-        the previous report (the engine's thread does not read them)."""
+    def _load(self) -> tuple:
+        """(host CPU %, memory %, the contention signals) now: over the window since the
+        previous reading."""
+        cpu, mem = _host_load() if self._read_load else (None, None)
+        return cpu, mem, self._signals.read()
+
+    def send_pending(self, force: bool = False, then: bytes = b"") -> None:
+        """Send what the outbox holds in one write (and ``then``, a message after it): the
+        reports and dones the engine timed (:meth:`report_when_ready`,
+        :meth:`done_when_finished`), and with a control period (the welcome's ``period_s``)
+        the reports, dones and logs held for it. Unless ``force``d, held ones wait until the
+        period has passed since the last write: on a model of a few milliseconds a write
+        per message was a large part of a worker's and the coordinator's CPU. The host's
+        load and the contention signals are read here, once for every report of the write:
+        over the window since the previous one (the engine's thread does not read them)."""
         if not self._outbox:
+            if then:
+                self._send_bytes(then)
+            return
+        now = time.monotonic()
+        if not (force or then) and self._period > 0 and now - self._flushed < self._period:
             return
         with self._cond:
             items, self._outbox = self._outbox, []
-        data = []
+        self._flushed = now
+        data, load = [], None
         for item in items:
             if isinstance(item, tuple):
-                item = self._report(*item[:4], 1.0, *item[4:])
-            data.append(P.encode(item))
+                if load is None:
+                    load = self._load()
+                if len(item) == 7:          # engine-timed: no slowdown, no gradient norm
+                    item = self._report(*item[:4], 1.0, *item[4:], load=load)
+                else:
+                    item = self._report(*item, load=load)
+            data.append(item if isinstance(item, bytes) else P.encode(item))
+        if then:
+            data.append(then)
         self._send_bytes(b"".join(data))
 
     def wait_finished(self, iteration: int) -> None:
@@ -654,7 +700,7 @@ class Session:
         ``timeout`` or when the coordinator is gone."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self.send_pending()
+            self.send_pending(force=True)
             with self._cond:
                 if self._fired >= self._scheduled and not self._outbox:
                     return True
@@ -669,7 +715,12 @@ class Session:
     def send_scalars(self, iteration: int, values: Dict[str, float]) -> None:
         """The script's values of ``iteration`` (:func:`mxlbbsp.log`) to the coordinator."""
         if self.coordinated:
-            self.send(P.log(iteration, values))
+            if self._period > 0:
+                with self._cond:
+                    self._outbox.append(P.encode(P.log(iteration, values)))
+                self.send_pending()
+            else:
+                self.send(P.log(iteration, values))
 
     def before_push(self) -> None:
         """Call between :meth:`gradients_ready` and the push: whatever the mode waits for
@@ -688,13 +739,19 @@ class Session:
         self._t_end = now
         self.finished = self.iteration
         if self.coordinated:
-            self._signals.begin()       # the next compute phase starts now
             msg = P.done(self.iteration, self._slice_wait + self._push_wait + sync, sync,
                          iteration_s)
             if global_grad_sqr is not None:
                 msg["global_grad_sqr"] = (global_grad_sqr
                                           if math.isfinite(global_grad_sqr) else None)
-            self.send(msg)
+            if self._period > 0:
+                # the signals' window runs from one write to the next (send_pending)
+                with self._cond:
+                    self._outbox.append(msg)
+                self.send_pending()
+            else:
+                self._signals.begin()       # the next compute phase starts now
+                self.send(msg)
         self._push_wait = 0.0
 
     def close(self) -> None:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import threading
 import weakref
 from typing import Optional
 
@@ -334,13 +335,16 @@ class Trainer(gluon.Trainer):
             # forward and backward are issued already, so the engine does not run dry
             sess.wait_finished(sess.iteration - ENGINE_AHEAD)
         if early:
-            self._push_grads()
+            # what reads this worker's own gradients goes into the engine ahead of the
+            # pushpull, which writes their sum into the same arrays
+            ready = self._before_pushpull(sess)
+            self._pushpull_grads()
             if clock is not None:
                 clock.mark("push")
-        if sess is not None:
-            self._report(sess, early, clock)
+            self._report(sess, clock, ready)
+        elif sess is not None:
+            self._report(sess, clock, None)
         if early:
-            self._pull_grads()
             if self.sync_aux:
                 self._stats.start(self._kvstore, sess.batch_local, sess.batch_global)
             if clock is not None:
@@ -377,29 +381,48 @@ class Trainer(gluon.Trainer):
                 # complete a round first, and the pull returns a gradient sum instead.
                 nd.waitall()
 
-    def _report(self, sess, early: bool, clock) -> None:
-        """The gradients ready, told to the coordinator, and the mode's wait before the push:
-        pushed into MXNet's engine behind the gradients (the engine clock), or after waiting
-        for them here (the backward alone when the pushes are already issued)."""
+    def _before_pushpull(self, sess) -> Optional[tuple]:
+        """Where the pushpull is issued as soon as backward is (dist_sync, summing servers):
+        what must read the local gradients before their sum overwrites them, issued first.
+        The engine-timed report (None), or (an event the engine sets once backward is done,
+        the array of |local gradients|^2 in a mode that reports it)."""
         if self._by_engine:
             if not sess.model_info:
                 sess.describe_model(self._model_info())
             _engine.call_after(sess.report_when_ready(), reads=self._grads(),
                                writes=self._order())
+            return None
+        norms = self._grad_sqr_array() if sess.coordinated and sess.mode.grad_norms else None
+        done = threading.Event()
+        if _engine.available():
+            _engine.call_after(done.set, reads=self._grads())
+        else:
+            for grad in self._grads():
+                grad.wait_to_read()
+            done.set()
+        return done, norms
+
+    def _report(self, sess, clock, ready: Optional[tuple]) -> None:
+        """The gradients ready, told to the coordinator, and the mode's wait before the push:
+        the engine-timed report went into MXNet's engine already (:meth:`_before_pushpull`);
+        else after waiting here for the backward (``ready``: the pushpull issued already),
+        or for the engine."""
+        if self._by_engine:
             if clock is not None:
                 clock.mark("report")
             return
-        if early:
-            for grad in self._grads():      # backward done (not the pushes)
-                grad.wait_to_read()
+        if ready is not None:
+            done, norms = ready
+            done.wait()                     # backward done (not the pushpull)
         else:
             nd.waitall()
+            norms = self._grad_sqr_array() if sess.coordinated and sess.mode.grad_norms \
+                else None
         if clock is not None:
             clock.mark("engine")
         if not sess.model_info:
             sess.describe_model(self._model_info())
-        sess.gradients_ready(self.grad_sqr() if sess.coordinated and sess.mode.grad_norms
-                             else None)
+        sess.gradients_ready(None if norms is None else _total(norms))
         if clock is not None:
             clock.mark("report")
         sess.before_push()
@@ -415,16 +438,16 @@ class Trainer(gluon.Trainer):
 
     def _engine_clock(self, sess) -> bool:
         """Whether this step's report and done are sent by MXNet's engine when the arrays
-        are ready (:mod:`.engine`), the Python thread going on without waiting: only where
-        the user asked for it (MXLBBSP_ENGINE_CLOCK=1), in a job, after its first step
-        (which waits for the initial pull), unless the worker sleeps an emulated cost in the
-        compute phase, the mode needs the gradients' norms (read from the arrays, on the
-        Python thread), or the job keeps snapshots for a hand-over (which must follow the
-        done of the iteration it holds). The compute it reports is
-        :func:`~mxlbbsp.worker.session.engine_compute`'s. Not the default: on two equal
-        workers of a 2 ms MLP under heavy load, the split test of test_time_model failed 3
-        runs of 10 with it, 1 of 8 without (its readings are the longer of the engine's
-        and the main thread's time, which varies more)."""
+        are ready (:mod:`.engine`), the Python thread going on without waiting: by default
+        (MXLBBSP_ENGINE_CLOCK=0 turns it off), in a job, after its first step (which waits
+        for the initial pull), unless the worker sleeps an emulated cost in the compute
+        phase, the mode needs the gradients' norms (read from the arrays, on the Python
+        thread), or the job keeps snapshots for a hand-over (which must follow the done of
+        the iteration it holds). The compute it reports is
+        :func:`~mxlbbsp.worker.session.engine_compute`'s; its readings vary more than the
+        waiting path's (the longer of the engine's and the main thread's time), which the
+        mean over a control period's iterations evens out on the small models where that
+        matters (Coordinator._lease)."""
         return _env.engine_clock() and sess.coordinated and \
             sess.iteration > sess.first_iteration and not sess.emulated and \
             not sess.mode.grad_norms and not _env.snapshots() and _engine.available()
@@ -447,15 +470,12 @@ class Trainer(gluon.Trainer):
         """The gradient arrays, in the order of the trainer's parameters."""
         return [g for p in self._params if p.grad_req != "null" for g in p.list_grad()]
 
-    def _push_grads(self) -> None:
+    def _pushpull_grads(self) -> None:
+        """Each gradient pushed and the workers' sum pulled back into it, one pushpull per
+        key (priority: the first layers' first, as Gluon)."""
         for i, param in enumerate(self._params):
             if param.grad_req != "null":
-                self._kvstore.push(i, param.list_grad(), priority=-i)
-
-    def _pull_grads(self) -> None:
-        for i, param in enumerate(self._params):
-            if param.grad_req != "null":
-                self._kvstore.pull(i, param.list_grad(), priority=-i)
+                self._kvstore.pushpull(i, param.list_grad(), priority=-i)
 
     def _apply(self, norm, ignore_stale_grad):
         """The optimizer's update, the running statistics combined, the step's end."""
@@ -486,6 +506,9 @@ class Trainer(gluon.Trainer):
             if clock is not None:
                 clock.mark("done")
         elif sess is not None:
+            # waiting for the other workers' gradients: nothing of this worker's may be held
+            # back meanwhile (the coordinator may need it to send a slice another waits for)
+            sess.send_pending(force=True)
             nd.waitall()
             if clock is not None:
                 clock.mark("pull")
@@ -550,26 +573,29 @@ class Trainer(gluon.Trainer):
         """|gradient|^2 over every trained parameter (float64 sum of float32 squares; one
         wait for the engine): of the per-sample sum before the push, of the workers' summed
         gradient after the pull (goodput's noise scale, mxlbbsp.core.noise)."""
+        sums = self._grad_sqr_array()
+        return 0.0 if sums is None else _total(sums)
+
+    def _grad_sqr_array(self):
+        """|gradient|^2 of every trained parameter, as an array being computed (None:
+        none): one operator for every array (MXNet's LARS/LAMB kernel)."""
         grads = [p.list_grad()[0] for p in self._params if p.grad_req != "null"]
         if not grads:
-            return 0.0
-        # one operator for every array (MXNet's LARS/LAMB kernel), summed in float64 here
-        sums = nd.multi_sum_sq(*grads, num_arrays=len(grads))
-        return float(sums.asnumpy().sum(dtype="float64"))
+            return None
+        return nd.multi_sum_sq(*grads, num_arrays=len(grads))
 
     def _allreduce_grads(self):
-        """Gradient sums from the servers: ``push`` then ``pull``, never ``pushpull``.
+        """Gradient sums from the servers: one pushpull per key where they only add.
 
-        A ps-lite server without an updater answers a pushpull with its stored sum *before*
-        its asynchronous copy of the new sum has finished (MXNet 1.9
-        ``KVStoreDistServer::ApplyUpdates``), so some workers would apply the previous
-        iteration's sum; a plain push is answered the same way but the server waits for the
-        copy before it serves the next request, the pull.
+        (An early version pushed and pulled separately, on the suspicion that a server
+        without an updater answers a pushpull before its copy of the new sum is done; the
+        stale sums it had seen came from the first step's race with the initial pull of the
+        parameters, fixed in :meth:`_first_step`. tests/test_pushpull.py checks every sum a
+        pushpull returns, to keys up to past MXNet's big-array bound.)
         """
         if not self._sums_on_servers():
             return super()._allreduce_grads()
-        self._push_grads()
-        self._pull_grads()
+        self._pushpull_grads()
 
     # ---- checkpoints --------------------------------------------------------------------
 
@@ -581,6 +607,11 @@ class Trainer(gluon.Trainer):
         """
 
         return _ckpt.save_trainer(self, directory)
+
+
+def _total(sums) -> float:
+    """The float64 sum of :meth:`Trainer._grad_sqr_array`'s float32 squares."""
+    return float(sums.asnumpy().sum(dtype="float64"))
 
 
 def _ignore(msg: dict) -> None:
