@@ -592,11 +592,17 @@ class Coordinator:
         policy = self._policy
         B = policy.global_batch(t, next_B, after_B)
         lease = self._lease(t, B)
+        learning = t >= self._start + self.config.warmup
         if lease is None:            # planned far enough ahead: learnt from with the next plan
+            if learning:
+                self.speed.fit_step(t, columns[:, 0].copy(), columns[:, 1].copy())
             self._window.append(columns)
             return
         target, last = self._planning = lease
-        if self._window:
+        fitted = bool(self._window)
+        if fitted:
+            if learning:             # the fit and the regime take every iteration
+                self.speed.fit_step(t, columns[:, 0].copy(), columns[:, 1].copy())
             self._window.append(columns)
             columns = _mean(self._window)
             self._window = []
@@ -619,7 +625,7 @@ class Coordinator:
                 log.debug("iteration %d: split %s (warm-up: no speed learnt yet)",
                           target, _shown(self._in_force))
             return
-        model = self.speed.model(t, batch, compute, exog, forecast)
+        model = self.speed.model(t, batch, compute, exog, forecast, fitted=fitted)
         if B is None:
             return
         self.balancer.decision = ""

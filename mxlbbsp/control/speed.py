@@ -212,6 +212,10 @@ class SpeedModel:
             num_workers, predictor, max(num_exog, 1), kind)
         self.schedules = schedules
         self.ahead = int(ahead)
+        #: the auto regime said "the equal split" at an iteration since the last model:
+        #: a lease learns from several, and the regime's one-iteration retry of the equal
+        #: split must not be lost among them
+        self._equal = False
         self.fresh()
 
     def fresh(self) -> None:
@@ -265,18 +269,32 @@ class SpeedModel:
             out[self.local] = self.predictor.fallbacks
         return out
 
-    def model(self, t: int, batch: np.ndarray, compute: np.ndarray,
-              exog: np.ndarray, forecast: Optional[tuple] = None) -> _tm.TimeModel:
-        """Learn iteration ``t``'s observations; the time model of iteration t+1.
-        ``forecast``: the relays' (forecasts, fallback counts) per rank (NaN, -1: none)."""
+    def fit_step(self, t: int, batch: np.ndarray, compute: np.ndarray) -> None:
+        """Iteration ``t``'s batch sizes and compute times into the fit and the ``auto``
+        regime (every iteration, also those a lease of several learns from at once: the
+        regime counts iterations)."""
         kind = self.kind
         if kind != "linear":
             self.fit.observe(batch, compute)
         regime = self.regime.describe()
         equal = kind == "auto" and self.regime.equal_split(self.fit, batch, compute)
+        self._equal = self._equal or equal
         if kind == "auto" and self.regime.describe() != regime:
             log.debug("iteration %d: time model: %s (fitted fixed share of the time %.0f%%)",
                       t + 1, self.regime.describe(), 100 * self.fit.job_share)
+
+    def model(self, t: int, batch: np.ndarray, compute: np.ndarray,
+              exog: np.ndarray, forecast: Optional[tuple] = None,
+              fitted: bool = False) -> _tm.TimeModel:
+        """Learn iteration ``t``'s observations; the time model of iteration t+1.
+        ``forecast``: the relays' (forecasts, fallback counts) per rank (NaN, -1: none);
+        ``fitted``: the fit and the regime had iteration t already (:meth:`fit_step`), and
+        ``batch``, ``compute``, ``exog`` are the mean of the iterations a lease learns
+        from, for the predictor."""
+        kind = self.kind
+        if not fitted:
+            self.fit_step(t, batch, compute)
+        equal, self._equal = self._equal, False
         # The predictor sees the batch-invariant (marginal) speed; with the linear model, and
         # in the equal regime (whole-time speeds: no gaps in its lags), batch / compute time.
         fixed = np.minimum(self.fit.intercept, 0.8 * compute) if kind == "affine" \
