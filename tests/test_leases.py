@@ -21,6 +21,7 @@ held for the period, the slices still tile every global batch, the short last ba
 its own split within the least batch, the split balances, and every record is written.
 """
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -186,3 +187,20 @@ def test_sessions_hold_their_writes_and_follow_the_leases(coordinator, tmp_path)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert sorted((r["iteration"], r["rank"]) for r in records) == \
         [(t, r) for t in range(iterations) for r in range(2)]
+
+
+def test_with_relays_the_workers_send_at_once_and_every_iteration_is_decided():
+    """Relays hold their host's sections per iteration and forecast per iteration: the
+    welcome then holds no period (the workers send each report at once) and no lease."""
+    c = Coordinator(CoordinatorConfig(num_workers=2, token="t", predictor="last",
+                                      control_period=0.05))
+    c._hellos = {r: _hello(64, 640, "keep") for r in range(2)}
+    welcomes = []
+    c.links.broadcast = welcomes.append
+    c.links.send_split = lambda t, split, until=None: None
+    assert c._period == 0.05
+    c.links.relays.append(SimpleNamespace(ranks=[]))       # a relay with no worker yet
+    c._open()
+    assert "period_s" not in welcomes[0]
+    c._recent = [(i * 0.001, 0) for i in range(20)]
+    assert c._lease_length(5, 64, 7) == 1

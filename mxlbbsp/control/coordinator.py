@@ -522,8 +522,12 @@ class Coordinator:
 
     @property
     def _period(self) -> float:
-        """The control period: how long a worker may hold its reports (0: none)."""
-        return self.config.control_period if self._policy.decides_per_period else 0.0
+        """The control period: how long a worker may hold its reports (0: none). None with
+        relays: they forecast and hold their host's sections per iteration, and the
+        coordinator then decides every iteration, which held reports would make late."""
+        if self.links.relays or not self._policy.decides_per_period:
+            return 0.0
+        return self.config.control_period
 
     def opening_batch(self, iteration: int) -> int:
         """The global batch the DataLoaders ask for at ``iteration``, split before any
@@ -689,7 +693,7 @@ class Coordinator:
     def _lease_length(self, t: int, B: Optional[int], natural: int) -> int:
         """How many iterations the next split holds (1: a decision per iteration)."""
         period = self._period
-        if period <= 0 or self._leases_off or self.links.relays or B is None \
+        if period <= 0 or self._leases_off or B is None \
                 or t < self._start + self.config.warmup or len(self._recent) < RATE_OVER:
             return 1
         if B != self._batch_at(natural):
