@@ -24,9 +24,15 @@ class RunningStats:
         self.members = set(self.params)
         self.key = key                        # kvstore key of the combined statistics
         self._keys = set()                    # kvstore keys of the statistics, once initialised
-        self._ref = None                      # the statistics set last (float64)
+        self._ref = None                      # the statistics set last (flat, float32)
         self._layout = None                   # how the statistics combine (_pairs)
         self._pending = None                  # a start() waiting for its finish()
+        # the flat layout (_flat): the parameters in its order, each one's (begin, end), the
+        # number of statistics and of running means, the variances' 1 / (1 - m)
+        self._order = None
+        self._bounds: List[tuple] = []
+        self._count = self._means = 0
+        self._spread = None
 
     def combine(self, kvstore, local: int, total: int) -> None:
         """Running statistics := those of one process on the whole global batch.
@@ -49,71 +55,91 @@ class RunningStats:
 
         :meth:`start` and :meth:`finish` are its two halves: the push (once this worker's
         forward pass is done) and the combined statistics set (once the sums are pulled),
-        so that the round trip can overlap the gradients' push/pull and the update.
+        so that the round trip can overlap the gradients' push/pull and the update; both
+        are operators of MXNet's engine, which the Python thread does not wait for.
         """
         if self.start(kvstore, local, total):
             self.finish()
 
     def start(self, kvstore, local: int, total: int) -> bool:
         """Push this worker's part of :meth:`combine` and pull the sums, asynchronously;
-        False when there is nothing to combine (no statistics, or not initialised yet)."""
+        False when there is nothing to combine (no statistics, or not initialised yet).
+
+        Every step is an operator of MXNet's engine (no wait from Python): the statistics
+        are read once this worker's forward pass has written them, and the Python thread
+        goes on issuing the next iteration meanwhile. The statistics are laid out flat, the
+        running means of the Gluon BatchNorm layers first, then their variances in the same
+        order (element by element the same layer), then any other: the spread of the batch
+        means is one elementwise expression on the two blocks."""
         if not self.params or self.params[0]._data is None:
             return False
-        layout = self._pairs()
-        values = [p.data().asnumpy().astype(np.float64).ravel() for p in self.params]
+        flat = self._flat()
         if self._ref is None:
             # the first step of this process: a reference the workers share, by one more
             # round trip (any common value is exact; a close one keeps the precision)
-            firsts = self._result(*self._push(kvstore, [v * local for v in values],
-                                              key_offset=1))
-            self._ref = [v / total for v in firsts]
-        ref = self._ref
-        centred = [v - r for v, r in zip(values, ref)]
-        squares = [centred[pair.mean] ** 2 for pair in layout]
-        self._pending = (self._push(kvstore, [c * local for c in centred + squares]), total,
-                         len(values), layout)
+            firsts = self._push(kvstore, flat * local, key_offset=1)
+            self._ref = firsts / total
+        centred = flat - self._ref
+        means = self._means
+        squares = nd.square(centred[:means]) if means else None
+        pushed = centred if squares is None else nd.concat(centred, squares, dim=0)
+        self._pending = (self._push(kvstore, pushed * local), total)
         return True
 
     def finish(self) -> None:
-        """Set the combined statistics (after :meth:`start`; waits for the pulled sums)."""
-        pushed, total, count, layout = self._pending
+        """Set the combined statistics (after :meth:`start`): engine operators too, which
+        the next forward pass waits for."""
+        pushed, total = self._pending
         self._pending = None
-        ref = self._ref
-        sums = [s / total for s in self._result(*pushed)]
-        combined = [r + s for r, s in zip(ref, sums[:count])]
-        for pair, square in zip(layout, sums[count:]):
-            if pair.momentum < 1.0:
-                shift = sums[pair.mean]
-                spread = np.maximum(square - shift ** 2, 0.0)
-                combined[pair.var] = combined[pair.var] + spread / (1.0 - pair.momentum)
-        self._ref = []
-        for p, value in zip(self.params, combined):
-            data = nd.array(value.reshape(p.shape), dtype=p.dtype)
-            p.set_data(data)
-            self._ref.append(data.asnumpy().astype(np.float64).ravel())
+        count, means = self._count, self._means
+        sums = pushed / total
+        combined = self._ref + sums[:count]
+        if means:
+            shift = sums[:means]
+            spread = nd.maximum(sums[count:] - nd.square(shift), 0.0) * self._spread
+            parts = [combined[:means], combined[means:2 * means] + spread]
+            if 2 * means < count:
+                parts.append(combined[2 * means:])
+            combined = nd.concat(*parts, dim=0)
+        self._ref = combined
+        for p, (begin, end) in zip(self._order, self._bounds):
+            p.set_data(combined[begin:end].reshape(p.shape).astype(p.dtype, copy=False))
 
     @property
     def started(self) -> bool:
         """A :meth:`start` waits for its :meth:`finish`."""
         return self._pending is not None
 
-    def _push(self, kvstore, parts: List[np.ndarray], key_offset: int = 0) -> tuple:
-        """Push ``parts`` (float64 here, float32 on the wire) and pull their sums over the
-        workers, asynchronously: what :meth:`_result` reads them from."""
-        flat = nd.array(np.concatenate(parts), dtype="float32")
+    def _flat(self):
+        """The statistics as one float32 array, in the layout of :meth:`start`."""
+        if self._order is None:
+            layout = self._pairs()
+            paired = [self.params[pair.mean] for pair in layout] + \
+                [self.params[pair.var] for pair in layout]
+            chosen = set(id(p) for p in paired)
+            self._order = paired + [p for p in self.params if id(p) not in chosen]
+            sizes = [int(np.prod(p.shape)) for p in self._order]
+            ends = np.cumsum(sizes).tolist()
+            self._bounds = list(zip([0] + ends[:-1], ends))
+            self._count = int(sum(sizes))
+            self._means = int(sum(sizes[:len(layout)]))
+            # per element of the variances' block: 1 / (1 - m) of its layer (0: m >= 1)
+            self._spread = nd.array(np.concatenate(
+                [np.full(size, 1.0 / (1.0 - pair.momentum) if pair.momentum < 1.0 else 0.0)
+                 for pair, size in zip(layout, sizes[:len(layout)])] or [np.zeros(0)]),
+                dtype="float32")
+        return nd.concat(*[p.data().astype("float32", copy=False).reshape(-1)
+                           for p in self._order], dim=0)
+
+    def _push(self, kvstore, flat, key_offset: int = 0):
+        """Push ``flat`` (float32: the servers sum in float32 whatever the dtype) and pull
+        the sums over the workers into it, asynchronously."""
         key = self.key + key_offset
         if key not in self._keys:
             kvstore.init(key, nd.zeros(flat.shape, dtype="float32"))
             self._keys.add(key)
-        kvstore.push(key, flat)
-        kvstore.pull(key, out=flat)
-        return flat, [len(part) for part in parts]
-
-    @staticmethod
-    def _result(flat, lengths) -> List[np.ndarray]:
-        """The sums of a :meth:`_push`, once pulled (waits for them)."""
-        sums = flat.asnumpy().astype(np.float64)
-        return np.split(sums, np.cumsum(lengths)[:-1])
+        kvstore.pushpull(key, flat, out=flat)
+        return flat
 
     def _pairs(self) -> List["_StatsPair"]:
         """The (running mean, running variance, momentum) of each BatchNorm layer of ours.
