@@ -669,20 +669,22 @@ class Coordinator:
         A decision per iteration plans t+1+ahead. On iterations shorter than the control
         period (``--control-period``), one decision per period: the split then holds for a
         lease of k = period / iteration time iterations, planned so far ahead that a worker
-        never waits for it although its reports come once per period (k of them, k + 1
-        iterations late at most, and the engine's lead of two); the predictor learns from
-        the mean of the iterations reported since the last plan. Not during the warm-up,
+        never waits for it although its reports come once per period: a report goes out at
+        the worker's first stop once a period has passed (up to k + 1 iterations late, the
+        engine's lead of two besides), and the next lease is planned 2k + 1 iterations
+        beyond t+1+ahead (k + 1 of them for the worker still to run); the predictor learns
+        from the mean of the iterations reported since the last plan. Not during the warm-up,
         with relays (which forecast per iteration), or once a loader's B left the epochs'
         plan (a lease is cut where B changes: the coordinator follows the plan itself)."""
         natural = t + 1 + self._policy.ahead
         k = self._lease_length(t, B, natural)
         if k == 1:
             return None if self._planned >= natural else (natural, natural)
-        need = natural + k + 1
+        need = natural + 2 * k + 1
         if self._planned >= need:
             return None
         first = self._planned + 1
-        last = max(need, self._planned + k)
+        last = min(max(need, self._planned + k), self._planned + LEASE_MOST)
         size = self._batch_at(first)
         for x in range(first + 1, last + 1):
             if self._batch_at(x) != size:            # an epoch's short last batch: its own
