@@ -344,17 +344,25 @@ class Session:
             change()
             self._cond.notify_all()
 
-    def wait_until(self, ready: Callable[[], bool]) -> None:
+    def wait_until(self, ready: Callable[[], bool], hold: bool = False) -> None:
         """Block until ``ready()`` (checked under the lock after each update); raises when
-        the job failed or the coordinator is gone."""
+        the job failed or the coordinator is gone. What the outbox holds goes out at once
+        (the coordinator may need it to answer what this worker waits for), or with
+        ``hold`` (a wait for this worker's own engine) once the control period has passed,
+        as at any stop: the main thread waits for its engine nearly every iteration of a
+        small model, and a write each time was the cost the period saves."""
         while True:
             with self._cond:
                 if ready():
                     return
                 self._check_going()
-                if not self._outbox:
+                if hold and self._outbox:
+                    left = self._period - (time.monotonic() - self._flushed)
+                    if left > 0:
+                        self._cond.wait(min(left, 1.0))
+                elif not self._outbox:
                     self._cond.wait(1.0)
-            self.send_pending(force=True)   # nothing is held back while this worker waits
+            self.send_pending(force=not hold)
 
     def halt(self) -> None:
         """Wait here until the job ends under this worker (an elastic job's hand-over: the
@@ -691,7 +699,7 @@ class Session:
     def wait_finished(self, iteration: int) -> None:
         """Block until the engine has finished the step of ``iteration`` (sending what it
         timed meanwhile; raises as wait_until)."""
-        self.wait_until(lambda: self.finished >= iteration)
+        self.wait_until(lambda: self.finished >= iteration, hold=True)
         self.send_pending()
 
     def flush(self, timeout: Optional[float] = None) -> bool:
