@@ -3,11 +3,15 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mxlbbsp.core import timemodel as _bal
 from mxlbbsp.core import noise
 from mxlbbsp.core import split as _split
 from mxlbbsp.modes import goodput
+
+from props import share
 
 
 def _model(speeds, fixed=0.01):
@@ -61,6 +65,62 @@ def test_planner_keeps_still_while_the_gain_is_within_the_error_bar():
             "hetero", _model(2000.0 * (1 + 0.03 * rng.standard_normal(2))), 0.02)
         assert p.update(jitter, phi, (0.9 * phi, 1.1 * phi)) == moved
     assert p.changes == 1
+
+
+def test_planner_keeps_still_while_the_throughput_model_is_unsure():
+    """A noise scale that favours a larger B if a fifth of the time is fixed cost: no move
+    while the fit allows anything from none to most of it (a fixed cost not known yet), the
+    move once its bounds are narrow; the same the other way for a smaller B."""
+    def fns(fixed):
+        return [goodput.iteration_model("hetero", _model([2000, 2000], fixed=a), 0.0)
+                for a in fixed]
+    for phi, fixed in ((2000.0, 0.004), (20.0, 0.004)):
+        mid, *wide = fns([fixed, 0.0, 0.05])
+        p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
+        assert goodput.GoodputPlanner(16, 1024, 64).update(mid, phi, force=True) != 64
+        for _ in range(5):
+            assert p.update(mid, phi, (0.9 * phi, 1.1 * phi), alternatives=wide) == 64
+        _, *narrow = fns([fixed, 0.9 * fixed, 1.1 * fixed])
+        moved = p.update(mid, phi, (0.9 * phi, 1.1 * phi), alternatives=narrow)
+        assert (moved > 64) == (phi > 100) and moved != 64
+
+
+@share(0.5)
+@given(st.lists(st.floats(200.0, 5000.0), min_size=2, max_size=4),
+       st.floats(0.0, 0.02), st.floats(0.0, 1.0), st.floats(5.0, 5000.0),
+       st.floats(0.0, 0.5), st.sampled_from([16, 45, 64, 181, 512]))
+def test_a_move_clears_the_margin_under_every_model_and_noise_scale(
+        speeds, fixed, width, phi, spread, start):
+    """Whatever the models: B moves only to a batch whose goodput beats the current B's by
+    the margin under the middle model, under each bound on the fixed costs, and at each end
+    of the noise scale's error bar; and to the best such one by the middle model."""
+    models = [_model(speeds, fixed=a) for a in (fixed, fixed * (1 - width), fixed * (1 + width))]
+    fns = [goodput.iteration_model("hetero", m, 0.002) for m in models]
+    bar = (phi * (1 - spread), phi * (1 + spread))
+    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
+    p.current = start
+    moved = p.update(fns[0], phi, bar, alternatives=fns[1:])
+    if moved == start:
+        return
+    for fn in fns:
+        for end in (phi, *bar):
+            g = {B: float(B / fn(B) * noise.efficiency(end, B, 64)) for B in (start, moved)}
+            assert g[moved] > (1 + p.min_gain) * g[start] * (1 - 1e-9)
+    best = {r.batch: r.goodput for r in p.last_rows}
+    assert best[moved] >= best[start]
+
+
+def test_the_probe_moves_b_within_reach_and_off_the_start():
+    """Before any fit can tell the fixed costs, B moves once to the most goodput by the
+    middle guess within a factor 2, and off the current B even when that one is the best."""
+    fn = goodput.iteration_model("hetero", _model([2000, 2000]), 0.02)
+    p = goodput.GoodputPlanner(16, 1024, 64)
+    far = p.probe(fn, 5000.0)                  # the best is far above: as far as 2x
+    assert far == 128 and p.changes == 1
+    best = goodput.GoodputPlanner(16, 1024, 64).update(fn, 90.0, force=True)
+    p = goodput.GoodputPlanner(16, 1024, best)
+    near = p.probe(fn, 90.0)                   # the start is the best: a neighbour
+    assert near != best and best / 2 ** 0.5 <= near <= best * 2 ** 0.5
 
 
 def test_planner_moves_at_most_once_per_min_interval():

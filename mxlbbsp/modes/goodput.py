@@ -16,25 +16,35 @@ homo`` instead predicts the iteration time of an *equal* split (the slowest work
 B/n: what a model of equal replicas such as AdaptDL's measures on these workers); the split
 is LB-BSP's either way, so the two differ only in the B they choose.
 
-The workers' time models are the split's (the predictor's speeds), with each worker's fixed
-cost per iteration (a_i in t_i(b) = a_i + b/v_i) from a robust fit of its compute times
-against its batch sizes over the last ``FIT_WINDOW`` iterations (``core.timemodel.
-FixedCostFit``), for the throughput only (the split itself keeps the split's model). The
-split's default linear model reads a fixed cost as slowness, which makes a small B look
-cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were measured,
-67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
-that varied (the epoch's short last batch, a change of B); until then the cost is the split
-model's (0 for the linear model). The push/pull time is the least any worker measured in an
-iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
+The throughput model is each worker's t_i(b) = a_i + b/v_i through its recent time (the
+median over the last ``RECENT`` iterations, carried to their median batch), with its fixed
+cost per iteration a_i from a robust fit of its compute times against its batch sizes over
+the last ``FIT_WINDOW`` iterations, and that fit's bounds on a_i (``core.timemodel.
+FixedCostFit.models``); the split itself keeps the split's model (the predictor's speeds).
+B is chosen for the many iterations to come: a one-step forecast would move it with every
+passing tenant and every retry of the equal split. The split's linear model reads a fixed
+cost as slowness, which makes a small B look cheaper than it is (seen on the digits MLP:
+predicted 19 ms at B=32 where 22 were measured, 67 ms at B=128 where 59 were). The fit needs
+batch sizes that varied (the balancer's first moves and its retries of the equal split, the
+epoch's short last batch, a change of B); until a worker's have, any share of its time up to
+80 % may be fixed. The push/pull time is the least any worker measured in an iteration (see
+:class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
 
-Stability: B moves when the planner sees a candidate whose goodput beats the current
-B's by more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error
-bar (``NoiseScale.noise_scale_range``), then to the best such candidate, up or down, at most
-once per ``every`` iterations (:class:`GoodputPlanner`): the rate is limited by evidence and
-time, not by epochs, so B follows a noise scale that keeps growing, and comes down when the
-noise scale falls or the throughput model changes (a worker slows down, or leaves). Before
-the noise scale (with its error bar) and the push/pull time are known (the first
-iterations), B0 clipped into the range is kept.
+Stability: B moves when the planner sees a candidate whose goodput beats the current B's by
+more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error bar
+(``NoiseScale.noise_scale_range``) and wherever the fixed costs lie within theirs, then to
+the best such candidate, up or down, at most once per ``every`` iterations
+(:class:`GoodputPlanner`): the rate is limited by evidence and time, not by epochs, so B
+follows a noise scale that keeps growing, and comes down when the noise scale falls or the
+throughput model changes (a worker slows down, or leaves). Both error bars matter: the
+first moves used to go by a throughput model whose fixed costs were not known yet (0: a
+small B as fast per sample as B0), down to 16-19 on the digits MLP, 6 iterations in, and
+back once B had varied; and refits of the fixed costs moved B a step and back. Before the
+noise scale and the push/pull time are known (the first iterations), B0 clipped into the
+range is kept; then, while no worker's batch sizes have varied enough for a fit, B moves
+once to the best candidate by a middle guess of the fixed costs within a factor 2
+(:meth:`GoodputPlanner.probe`): without that, workers that are equal, or that the balancer
+hardly moves, would keep B0 for good.
 
 Off the critical path: the split of t+2 goes out at the B chosen last time
 (:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
@@ -61,7 +71,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -95,19 +105,12 @@ FIT_EVERY = 16
 #: ``every`` iterations, 4 by default): less of the coordinator's time per iteration, which
 #: on a loaded machine is what the workers wait for
 PLAN_EVERY = 4
+#: the throughput model goes through each worker's median time over this many iterations
+#: (``FixedCostFit.models``): one slow iteration, or the balancer's retry of the equal
+#: split, does not move B; a worker that slows down for good does, within a plan or two
+RECENT = 5
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
-
-
-def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split) -> _tm.TimeModel:
-    """``model`` with each worker's fixed cost ``fixed`` (seconds; where ``model`` has none),
-    its time at its batch in ``split`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
-    of t_i(b_i) over b_i samples the marginal speed."""
-    b = np.maximum(np.asarray(split, dtype=float), 1.0)
-    now = model.time(b)
-    a = np.where(model.intercept > 0, model.intercept,
-                 np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
-    return _tm.TimeModel(b / np.maximum(now - a, 1e-12), a)
 
 
 def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
@@ -217,11 +220,13 @@ class GoodputPlanner:
                 for b, it, r, e in zip(batches, times, thr, eff)]
 
     def update(self, iteration_s, phi: float, phi_range=None, iteration: Optional[int] = None,
-               force: bool = False) -> int:
+               force: bool = False, alternatives: Sequence = ()) -> int:
         """The batch of the next iteration, given B -> iteration time (a callable, or an
         :class:`IterationModel`), phi and its error bar ``phi_range`` (low, high; None: phi
         is taken as exact); ``iteration``: the one being planned (default: the count of
-        plans), which ``min_interval`` counts in."""
+        plans), which ``min_interval`` counts in; ``alternatives``: other B -> iteration
+        time the truth may be (the ends of the throughput model's own error bar: the fixed
+        costs' bounds), under each of which a move must clear the margin too."""
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
@@ -237,15 +242,47 @@ class GoodputPlanner:
         worst = np.full(len(batches), np.inf)
         ends = [phi] + [x for x in (phi_range or ()) if not (isinstance(x, float)
                                                               and math.isnan(x))]
-        for end in ends:
-            g = self._goodput(batches, thr, end)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(g[here] > 0, g / g[here], np.where(g > 0, np.inf, 1.0))
-            worst = np.minimum(worst, ratio)
+        rates = [thr] + [self._scores(other, phi)[2] for other in alternatives]
+        for rate in rates:
+            for end in ends:
+                g = self._goodput(batches, rate, end)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = np.where(g[here] > 0, g / g[here],
+                                     np.where(g > 0, np.inf, 1.0))
+                worst = np.minimum(worst, ratio)
         better = worst > 1.0 + self.min_gain
         if better.any():
             pick = int(np.argmax(np.where(better, good, -np.inf)))
             self._move(int(batches[pick]), now)
+        return self.current
+
+    def probe(self, iteration_s, phi: float, iteration: Optional[int] = None,
+              reach: float = 2.0) -> int:
+        """Move B to learn the throughput model: to the candidate of the most goodput by
+        ``iteration_s`` (the fixed costs' middle guess) within a factor ``reach`` of the
+        current B, and off the current B (its nearest neighbour the way goodput rises, if
+        nothing beats it). While every B has been one batch size, no fit can tell a fixed
+        cost from slowness, and the margin over its bounds holds B still: a move that
+        varies the batch sizes is what makes the fixed costs known."""
+        self.plans += 1
+        now = self.plans if iteration is None else int(iteration)
+        batches, times, thr = self._scores(iteration_s, phi)
+        eff = _noise.efficiency(phi, batches, self.base_batch)
+        good = thr * eff
+        self._last = (batches, times, thr, eff, good)
+        near = (batches >= self.current / reach) & (batches <= self.current * reach) \
+            & (batches != self.current) & (good > 0)
+        if not near.any():
+            return self.current
+        here = int(np.searchsorted(batches, self.current))
+        pick = int(np.argmax(np.where(near, good, -np.inf)))
+        if good[pick] <= good[here]:
+            # nothing beats the current B: its neighbour on the side goodput falls less
+            sides = [k for k in (here - 1, here + 1) if 0 <= k < len(batches) and near[k]]
+            if not sides:
+                return self.current
+            pick = max(sides, key=lambda k: good[k])
+        self._move(int(batches[pick]), now)
         return self.current
 
     def _move(self, batch: int, now: int) -> None:
@@ -289,10 +326,12 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.noise: Optional[_noise.NoiseScale] = None
         #: each worker's fixed cost per iteration, fitted from its batches and compute times
         self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW, every=FIT_EVERY)
-        #: (iteration, time models, split sent) for after_split
+        #: (iteration, split sent) for after_split
         self._to_plan: Optional[tuple] = None
         #: the iteration the planner chose for last (it plans every PLAN_EVERY iterations)
         self._planned: Optional[int] = None
+        #: whether B was moved once to make the fixed costs known (GoodputPlanner.probe)
+        self._probed = False
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -361,7 +400,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         B = self.totals.get(target - 1, self.lo) if self.planner is None \
             else self.planner.current
         split = self._split_and_send(t, model, B, next_B)
-        self._to_plan = (t, model, split)
+        self._to_plan = (t, split)
         return split
 
     def after_split(self, t: int) -> None:
@@ -370,24 +409,32 @@ class GoodputPolicy(BatchChoosingPolicy):
         noise scale and its error bar."""
         if self._to_plan is None or self._to_plan[0] != t:
             return
-        _, model, split = self._to_plan
+        _, split = self._to_plan
         self._to_plan = None
         target = t + 1 + self.ahead
-        # the split goes by the split's model; the throughput, with the fixed costs
-        batches = self._observe_times()
+        # the split goes by the split's model; the throughput by the fit's (its recent
+        # times, with the fixed costs and their bounds)
+        measured = self._observe_times()
         note = self.noted.setdefault(target, {})
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
         phi = self.phi
         if self._planned is not None and target - self._planned < PLAN_EVERY:
             return
-        if batches is not None:
-            model = with_fixed_costs(model, self.fit.intercept, batches)
-            note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
-        if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
-            fn = iteration_model(self.kind, model, self.sync_s,
-                                 self.coordinator.balancer.max_batch, self.least)
-            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target)
+        models = self.fit.models(RECENT) if measured is not None else None
+        if models is not None and self.sync_s is not None and self.planner is not None \
+                and math.isfinite(phi):
+            note["fixed_share"], note["fixed_share_range"] = self._shares(models, measured)
+            fns = [iteration_model(self.kind, m, self.sync_s,
+                                   self.coordinator.balancer.max_batch, self.least)
+                   for m in models]
+            if not self.fit.known and not self._probed:
+                # no fit can tell the fixed costs yet: vary B once, so that it can
+                self.planner.probe(fns[0], phi, iteration=target)
+                self._probed = True
+            else:
+                self.planner.update(fns[0], phi, self.noise.noise_scale_range,
+                                    iteration=target, alternatives=fns[1:])
             self._planned = target
         row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
@@ -399,6 +446,15 @@ class GoodputPolicy(BatchChoosingPolicy):
         if row is not None:
             note["goodput"] = row.goodput
             note["efficiency"] = row.efficiency
+            note["predicted_iteration_s"] = row.iteration_s
+
+    @staticmethod
+    def _shares(models: _tm.ThroughputModels, batch) -> tuple:
+        """The workers' mean share of fixed cost at ``batch`` by the middle model, and by
+        the two bounds (for the metrics)."""
+        def share(m):
+            return float(np.mean(m.intercept / m.time(batch)))
+        return share(models.mid), [share(models.low), share(models.high)]
 
     @property
     def phi(self) -> float:
@@ -431,7 +487,9 @@ class GoodputPolicy(BatchChoosingPolicy):
                 "noise_scale_range": note.get("noise_scale_range"),
                 "goodput": note.get("goodput"),
                 "efficiency": note.get("efficiency"), "adascale_gain": gain,
-                "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share")}
+                "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share"),
+                "fixed_share_range": note.get("fixed_share_range"),
+                "predicted_iteration_s": note.get("predicted_iteration_s")}
 
 
 @register
