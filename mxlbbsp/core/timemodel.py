@@ -318,6 +318,10 @@ class FixedCostFit:
         elif not self.fitted.all():
             self._refit(np.flatnonzero(~self.fitted))
 
+    def refit(self) -> None:
+        """Fit every worker now (say, once a new batch size has been run a few times)."""
+        self._refit(range(len(self.intercept)))
+
     def _refit(self, workers) -> None:
         for i in workers:
             ok = np.isfinite(self._b[i]) & np.isfinite(self._t[i]) & (self._t[i] > 0)

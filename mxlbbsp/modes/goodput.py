@@ -69,9 +69,10 @@ applies the recorded factors. Before phi is known, sqrt(B/B0). The rules of B al
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -109,6 +110,9 @@ PLAN_EVERY = 4
 #: (``FixedCostFit.models``): one slow iteration, or the balancer's retry of the equal
 #: split, does not move B; a worker that slows down for good does, within a plan or two
 RECENT = 5
+#: the first probe (while no fit can tell the fixed costs) goes at most this factor from B0:
+#: enough for the fit, and a wrong middle guess of the fixed costs costs little
+PROBE_REACH = 2 ** 0.5
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
 
@@ -174,15 +178,34 @@ class GoodputPlanner:
     Every plan scores every candidate (in numpy) at the noise scale B goes by, and B moves
     to the candidate of the most goodput among those that beat the current B by more than
     ``min_gain`` wherever the noise scale lies within its error bar (``phi_range``: the
-    ratio of two batches' goodputs is monotone in phi, so its two ends decide), up or down,
-    at most once per ``min_interval`` iterations. So B follows the noise scale as far as
-    the evidence goes, and as often as it changes; an estimate still uncertain moves it
-    less far or not at all; and a new throughput model (a worker slows down, or leaves)
-    moves it at the next plan. ``min_gain`` covers the throughput model's own error.
+    ratio of two batches' goodputs is monotone in phi, so its two ends decide) and wherever
+    the throughput model lies within its own (``alternatives``: the fixed costs' bounds),
+    up or down, at most once per ``min_interval`` iterations. So B follows the noise scale
+    as far as the evidence goes, and as often as it changes; an estimate still uncertain
+    moves it less far or not at all; and a new throughput model (a worker slows down, or
+    leaves) moves it at the next plan. ``min_gain`` covers what neither error bar does.
+
+    Evidence about the throughput comes only from batch sizes that were run, so the planner
+    also tries one (:meth:`probe`): for ``probe_length`` iterations, after which B goes on
+    from the B before the probe (``home``) by the same margin, with what the probe
+    measured; a probe that did not pay off is undone. Besides the one that makes the fixed
+    costs known at all (the policy's), a probe goes where the middle throughput model
+    promises ``explore_gain`` more goodput at both ends of the noise scale's error bar but
+    the bounds do not allow a move, at most once per ``explore_every`` iterations: the
+    bounds of a batch size never run stay wide, and a margin alone would keep any B for
+    good.
     """
 
-    #: the least goodput gain a move must promise on top of the noise scale's error bar
+    #: the least goodput gain a move must promise on top of the error bars
     MIN_GAIN = 0.02
+    #: a probe's iterations, before the planner decides with what it measured (the time
+    #: models go by the median of a worker's last 5 iterations)
+    PROBE_LENGTH = 8
+    #: the least goodput the middle model must promise for a probe, and how often
+    EXPLORE_GAIN = 0.05
+    EXPLORE_EVERY = 32
+    #: how far beyond the batch sizes measured a move on the evidence may go
+    TRUST = 2 ** 0.5
 
     def __init__(self, lo: int, hi: int, base_batch: int, min_interval: int = 4,
                  per_octave: int = 4, min_gain: float = MIN_GAIN):
@@ -190,18 +213,27 @@ class GoodputPlanner:
         self.base_batch = int(base_batch)
         self.min_interval = max(1, int(min_interval))
         self.min_gain = float(min_gain)
+        self.probe_length = max(self.PROBE_LENGTH, self.min_interval)
+        self.explore_gain, self.explore_every = self.EXPLORE_GAIN, self.EXPLORE_EVERY
         self.batches = _planner.candidates(self.lo, self.hi, per_octave)
         self.current = int(min(max(base_batch, self.lo), self.hi))
+        #: while probing: the B before the probe, and the iteration the probe began
+        self.home: Optional[int] = None
+        self._probe_at: Optional[int] = None
+        self._explored_at: Optional[int] = None
         #: the last plan's candidates and their (iteration time, throughput, efficiency,
         #: goodput), as arrays (rows are built only when asked for: ``last_rows``)
         self._last: Optional[tuple] = None
         self.changes = 0
+        self.probes = 0
         self.plans = 0
         self._changed_at: Optional[int] = None
 
     def _scores(self, iteration_s, phi: float):
-        """(batches, iteration times, throughputs) of the candidates and the current B."""
-        batches = np.union1d(self.batches, [self.current])
+        """(batches, iteration times, throughputs) of the candidates and the current B (and
+        the B before a probe)."""
+        extra = [self.current] + ([self.home] if self.home is not None else [])
+        batches = np.union1d(self.batches, extra)
         if hasattr(iteration_s, "many"):
             times = np.asarray(iteration_s.many(batches), dtype=float)
         else:
@@ -219,14 +251,38 @@ class GoodputPlanner:
         return [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(r * e))
                 for b, it, r, e in zip(batches, times, thr, eff)]
 
+    def evaluating(self, iteration: int) -> bool:
+        """Whether a plan at ``iteration`` decides on a probe (so the caller can refit the
+        throughput model with what the probe measured)."""
+        return self._probe_at is not None and iteration - self._probe_at >= self.probe_length
+
+    def _worst(self, batches, rates, ends, ref: int) -> np.ndarray:
+        """Each candidate's least goodput ratio to ``ref`` over the throughputs ``rates``
+        and the noise scales ``ends``."""
+        at = int(np.searchsorted(batches, ref))
+        worst = np.full(len(batches), np.inf)
+        for rate in rates:
+            for end in ends:
+                g = self._goodput(batches, rate, end)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = np.where(g[at] > 0, g / g[at], np.where(g > 0, np.inf, 1.0))
+                worst = np.minimum(worst, ratio)
+        return worst
+
     def update(self, iteration_s, phi: float, phi_range=None, iteration: Optional[int] = None,
-               force: bool = False, alternatives: Sequence = ()) -> int:
+               force: bool = False, alternatives: Sequence = (),
+               trusted: Optional[tuple] = None) -> int:
         """The batch of the next iteration, given B -> iteration time (a callable, or an
-        :class:`IterationModel`), phi and its error bar ``phi_range`` (low, high; None: phi
-        is taken as exact); ``iteration``: the one being planned (default: the count of
-        plans), which ``min_interval`` counts in; ``alternatives``: other B -> iteration
-        time the truth may be (the ends of the throughput model's own error bar: the fixed
-        costs' bounds), under each of which a move must clear the margin too."""
+        :class:`IterationModel`: the middle throughput model), phi and its error bar
+        ``phi_range`` (low, high; None: phi is taken as exact); ``iteration``: the one being
+        planned (default: the count of plans), which ``min_interval`` counts in;
+        ``alternatives``: other B -> iteration time the truth may be (the ends of the
+        throughput model's own error bar: the fixed costs' bounds), under each of which a
+        move must clear the margin too; ``trusted``: the least and the most global batch the
+        throughput model was measured at (None: any), beyond which by more than ``TRUST``
+        it only extrapolates (a line, where the time may well bend: a ResNet-20 on two
+        shared cores took 5 ms per sample at 120 where 32 to 61 had shown 3.6), so that only
+        a probe goes there."""
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
@@ -234,36 +290,52 @@ class GoodputPlanner:
         good = thr * eff
         self._last = (batches, times, thr, eff, good)
         if force:
+            self._end_probe()
             self._move(int(batches[int(np.argmax(good))]), now)
             return self.current
-        if self._changed_at is not None and now - self._changed_at < self.min_interval:
-            return self.current
-        here = int(np.searchsorted(batches, self.current))
-        worst = np.full(len(batches), np.inf)
+        if self._probe_at is not None:
+            if not self.evaluating(now):
+                return self.current
+            ref = self.home                  # the probe decides nothing by itself
+        else:
+            if self._changed_at is not None and now - self._changed_at < self.min_interval:
+                return self.current
+            ref = self.current
         ends = [phi] + [x for x in (phi_range or ()) if not (isinstance(x, float)
                                                               and math.isnan(x))]
         rates = [thr] + [self._scores(other, phi)[2] for other in alternatives]
-        for rate in rates:
-            for end in ends:
-                g = self._goodput(batches, rate, end)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = np.where(g[here] > 0, g / g[here],
-                                     np.where(g > 0, np.inf, 1.0))
-                worst = np.minimum(worst, ratio)
-        better = worst > 1.0 + self.min_gain
+        better = self._worst(batches, rates, ends, ref) > 1.0 + self.min_gain
+        if trusted is not None:
+            better &= (batches >= trusted[0] / self.TRUST) & (batches <= trusted[1] * self.TRUST)
+        probed = self._probe_at is not None
+        self._end_probe()
         if better.any():
             pick = int(np.argmax(np.where(better, good, -np.inf)))
             self._move(int(batches[pick]), now)
+            return self.current
+        if probed:
+            self._move(ref, now)             # undone: the probe did not pay off
+            return self.current
+        # no move on the evidence: one the middle model promises, tried if it is time
+        if alternatives and (self._explored_at is None
+                             or now - self._explored_at >= self.explore_every) \
+                and (self._changed_at is None or now - self._changed_at >= self.min_interval):
+            promise = self._worst(batches, [thr], ends, self.current) > 1.0 + self.explore_gain
+            near = promise & (batches >= self.current / 2) & (batches <= self.current * 2)
+            if near.any():
+                self._start_probe(int(batches[int(np.argmax(np.where(near, good, -np.inf)))]),
+                                  now)
         return self.current
 
     def probe(self, iteration_s, phi: float, iteration: Optional[int] = None,
               reach: float = 2.0) -> int:
-        """Move B to learn the throughput model: to the candidate of the most goodput by
+        """Try a batch to learn the throughput model: the candidate of the most goodput by
         ``iteration_s`` (the fixed costs' middle guess) within a factor ``reach`` of the
         current B, and off the current B (its nearest neighbour the way goodput rises, if
-        nothing beats it). While every B has been one batch size, no fit can tell a fixed
-        cost from slowness, and the margin over its bounds holds B still: a move that
-        varies the batch sizes is what makes the fixed costs known."""
+        nothing beats it), for ``probe_length`` iterations (see the class docstring). While
+        every B has been one batch size, no fit can tell a fixed cost from slowness, and
+        the margin over its bounds holds B still: a probe varies the batch sizes, which is
+        what makes the fixed costs known."""
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
@@ -282,8 +354,18 @@ class GoodputPlanner:
             if not sides:
                 return self.current
             pick = max(sides, key=lambda k: good[k])
-        self._move(int(batches[pick]), now)
+        self._start_probe(int(batches[pick]), now)
         return self.current
+
+    def _start_probe(self, batch: int, now: int) -> None:
+        if self._probe_at is None:
+            self.home = self.current
+        self._probe_at = self._explored_at = now
+        self.probes += 1
+        self._move(batch, now)
+
+    def _end_probe(self) -> None:
+        self._probe_at, self.home = None, None
 
     def _move(self, batch: int, now: int) -> None:
         if batch != self.current:
@@ -332,6 +414,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         self._planned: Optional[int] = None
         #: whether B was moved once to make the fixed costs known (GoodputPlanner.probe)
         self._probed = False
+        #: the global batches of the fit's window (the throughput model's measured range)
+        self._ran: Deque[int] = collections.deque(maxlen=FIT_WINDOW)
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -390,6 +474,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         if not np.isfinite(compute).all():
             return None
         self.fit.observe(batch, compute)
+        self._ran.append(int(np.sum(batch)))
         return batch
 
     def plan(self, t, model, next_B, in_force):
@@ -421,6 +506,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         phi = self.phi
         if self._planned is not None and target - self._planned < PLAN_EVERY:
             return
+        if self.planner is not None and self.planner.evaluating(target):
+            self.fit.refit()                 # with what the probe measured
         models = self.fit.models(RECENT) if measured is not None else None
         if models is not None and self.sync_s is not None and self.planner is not None \
                 and math.isfinite(phi):
@@ -430,11 +517,12 @@ class GoodputPolicy(BatchChoosingPolicy):
                    for m in models]
             if not self.fit.known and not self._probed:
                 # no fit can tell the fixed costs yet: vary B once, so that it can
-                self.planner.probe(fns[0], phi, iteration=target)
+                self.planner.probe(fns[0], phi, iteration=target, reach=PROBE_REACH)
                 self._probed = True
             else:
                 self.planner.update(fns[0], phi, self.noise.noise_scale_range,
-                                    iteration=target, alternatives=fns[1:])
+                                    iteration=target, alternatives=fns[1:],
+                                    trusted=(min(self._ran), max(self._ran)))
             self._planned = target
         row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
