@@ -39,18 +39,27 @@ follows a noise scale that keeps growing, and comes down when the noise scale fa
 throughput model changes (a worker slows down, or leaves). Both error bars matter: the
 first moves used to go by a throughput model whose fixed costs were not known yet (0: a
 small B as fast per sample as B0), down to 16-19 on the digits MLP, 6 iterations in, and
-back once B had varied; and refits of the fixed costs moved B a step and back. Before the
-noise scale and the push/pull time are known (the first iterations), B0 clipped into the
-range is kept; then, while no worker's batch sizes have varied enough for a fit, B moves
-once to the best candidate by a middle guess of the fixed costs within a factor 2
-(:meth:`GoodputPlanner.probe`): without that, workers that are equal, or that the balancer
-hardly moves, would keep B0 for good.
+back once B had varied; and refits of the fixed costs moved B a step and back. A move on the
+evidence goes at most ``GoodputPlanner.TRUST`` beyond the global batches the fit has seen:
+further out the line only extrapolates, and times bend (a ResNet-20 on two shared cores).
+
+Evidence about the throughput comes only from batch sizes that were run, so B is also tried
+elsewhere (``GoodputPlanner.probe``) for a few iterations, then decided on from the B before
+by the same margin, with what the try measured, and undone unless it paid off: once at the
+start, as soon as the noise scale is known while no worker's batch sizes have varied enough
+for a fit (to the best candidate by a middle guess of the fixed costs, within
+``PROBE_REACH`` of B0: without it, workers that are equal, or that the balancer hardly
+moves, would keep B0 for good), and then wherever the middle model promises more than the
+bounds allow a move to (at most once per ``GoodputPlanner.EXPLORE_EVERY`` iterations).
+Before the noise scale and the push/pull time are known (the first iterations), B0 clipped
+into the range is kept.
 
 Off the critical path: the split of t+2 goes out at the B chosen last time
 (:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
 ``PLAN_EVERY`` iterations, every candidate scored at once in numpy
 (:meth:`IterationModel.many`), and the fixed costs refitted every ``FIT_EVERY``
-iterations: the coordinator's work per iteration stays close to LB-BSP's, so that the
+iterations (a worker not fitted yet at every iteration, every worker before a probe is
+decided on): the coordinator's work per iteration stays close to LB-BSP's, so that the
 workers wait for their slices no longer than under LB-BSP at a fixed B (on a loaded
 machine any of the coordinator's CPU can become their wait).
 
