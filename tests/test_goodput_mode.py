@@ -94,6 +94,21 @@ def test_planner_probes_while_the_throughput_model_is_unsure_and_undoes_a_probe(
         assert moved != 64 and (moved > 64) == (phi > 100) and p.home is None
 
 
+def test_the_first_probe_does_not_hold_back_the_next():
+    """The probe that makes the fixed costs known (the policy's, one step) is not one of the
+    explorations limited to one per explore_every: once it is undone, the middle model's
+    promise is tried at the next plan."""
+    mid, *wide = [goodput.iteration_model("hetero", _model([2000, 2000], fixed=a), 0.0)
+                  for a in (0.004, 0.0, 0.05)]
+    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
+    first = p.probe(mid, 2000.0, iteration=0, reach=2 ** 0.5)
+    assert 64 < first <= 64 * 2 ** 0.5
+    bar = (1800.0, 2200.0)
+    assert p.update(mid, 2000.0, bar, iteration=p.probe_length, alternatives=wide) == 64
+    assert p.update(mid, 2000.0, bar, iteration=p.probe_length + 1, alternatives=wide) > 64
+    assert p.probes == 2
+
+
 def test_a_probe_that_pays_off_is_kept():
     """What the probe measured shows the probed B better beyond the margin: B stays."""
     def fn(fixed):

@@ -198,11 +198,11 @@ class GoodputPlanner:
     also tries one (:meth:`probe`): for ``probe_length`` iterations, after which B goes on
     from the B before the probe (``home``) by the same margin, with what the probe
     measured; a probe that did not pay off is undone. Besides the one that makes the fixed
-    costs known at all (the policy's), a probe goes where the middle throughput model
-    promises ``explore_gain`` more goodput at both ends of the noise scale's error bar but
-    the bounds do not allow a move, at most once per ``explore_every`` iterations: the
-    bounds of a batch size never run stay wide, and a margin alone would keep any B for
-    good.
+    costs known at all (the policy's, which does not count here), a probe goes where the
+    middle throughput model promises ``explore_gain`` more goodput at both ends of the noise
+    scale's error bar but the bounds do not allow a move, at most once per
+    ``explore_every`` iterations: the bounds of a batch size never run stay wide, and a
+    margin alone would keep any B for good.
     """
 
     #: the least goodput gain a move must promise on top of the error bars
@@ -332,6 +332,7 @@ class GoodputPlanner:
             promise = self._worst(batches, [thr], ends, self.current) > 1.0 + self.explore_gain
             near = promise & (batches >= self.current / 2) & (batches <= self.current * 2)
             if near.any():
+                self._explored_at = now
                 self._start_probe(int(batches[int(np.argmax(np.where(near, good, -np.inf)))]),
                                   now)
         return self.current
@@ -369,7 +370,7 @@ class GoodputPlanner:
     def _start_probe(self, batch: int, now: int) -> None:
         if self._probe_at is None:
             self.home = self.current
-        self._probe_at = self._explored_at = now
+        self._probe_at = now
         self.probes += 1
         self._move(batch, now)
 
