@@ -51,43 +51,23 @@ def test_adascale_is_goodput_s_only():
     assert goodput.DEFAULTS["lr_scaling"] == "adascale"
 
 
-def test_throughput_models_go_through_the_recent_time_with_the_fit_s_bounds():
-    """FixedCostFit.models: every worker's three models through its median time of the last
-    iterations (one slow iteration or one retry of the equal split moves none of them), with
-    the fitted fixed cost between its bounds; before a fit, 0 to 80 % of the time fixed."""
-    fit = _tm.FixedCostFit(2, window=64, every=4)
-    assert fit.models(5) is None
-    a, c = np.array([0.004, 0.012]), np.array([0.0002, 0.0006])
-    for k in range(12):                                     # one batch: not fitted
-        fit.observe(np.array([48.0, 16.0]), a + c * np.array([48.0, 16.0]))
-    assert not fit.known
-    m = fit.models(5)
-    now = a + c * np.array([48.0, 16.0])
-    for model in m:
-        assert model.time([48, 16]) == pytest.approx(now)
-    assert m.low.intercept.tolist() == [0.0, 0.0]
-    assert m.high.intercept == pytest.approx(0.8 * now)
-    assert m.mid.intercept == pytest.approx(0.4 * now)
-    rng = np.random.default_rng(3)
-    for k in range(40):                                     # B varies: fitted
-        b = np.array([48.0, 16.0]) * (1.0, 1.5, 0.7, 1.2)[k % 4]
-        fit.observe(b, a + c * b + rng.normal(0, 2e-4, 2))
-    assert fit.known
-    assert (fit.low <= fit.intercept).all() and (fit.intercept <= fit.high).all()
-    assert (fit.low <= a).all() and (a <= fit.high).all()
-    for b in (np.array([48.0, 16.0]), np.array([24.0, 24.0]), np.array([48.0, 16.0]),
-              np.array([48.0, 16.0]), np.array([48.0, 16.0])):
-        t = a + c * b
-        fit.observe(b, t * (5.0 if b[0] == 24 else 1.0))    # an equal split, 5x slower
-    m = fit.models(5)
-    for model in m:
-        assert model.time([48, 16]) == pytest.approx(a + c * np.array([48.0, 16.0]), rel=0.02)
-    assert m.mid.intercept == pytest.approx(a, rel=0.2)
-    # a bigger batch costs less than in proportion, as the fit says; the bounds either side
-    big = np.array([96, 32])
-    assert (m.low.time(big) >= m.mid.time(big)).all()
-    assert (m.mid.time(big) >= m.high.time(big)).all()
-    assert m.mid.time(big) == pytest.approx(a + c * big, rel=0.05)
+def test_with_fixed_costs_keeps_the_time_at_the_current_batch():
+    model = _tm.TimeModel.linear([1000.0, 250.0])           # 48 and 16 samples: 48, 64 ms
+    sizes = [48, 16]
+    out = goodput.with_fixed_costs(model, np.array([0.012, 0.9]), sizes)
+    assert out.time(sizes) == pytest.approx(model.time(sizes))
+    assert out.intercept[0] == pytest.approx(0.012)
+    assert out.intercept[1] == pytest.approx(0.8 * 0.064)    # at most 80 % of the time
+    # a larger batch costs less than in proportion
+    assert out.time([96, 32])[0] == pytest.approx(0.012 + 96 * 0.036 / 48)
+    # a model with its own fixed costs keeps them
+    affine = _tm.TimeModel(np.array([1000.0, 250.0]), np.array([0.005, 0.0]))
+    kept = goodput.with_fixed_costs(affine, np.array([0.02, 0.01]), sizes)
+    assert kept.intercept[0] == 0.005 and kept.speed[0] == pytest.approx(1000.0)
+    assert kept.intercept[1] == pytest.approx(0.01)
+    # no fit yet (NaN): the split's model
+    same = goodput.with_fixed_costs(model, np.array([np.nan, np.nan]), sizes)
+    assert same.intercept.tolist() == [0.0, 0.0]
 
 
 class _Control:

@@ -3,15 +3,11 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from mxlbbsp.core import timemodel as _bal
 from mxlbbsp.core import noise
 from mxlbbsp.core import split as _split
 from mxlbbsp.modes import goodput
-
-from props import share
 
 
 def _model(speeds, fixed=0.01):
@@ -65,104 +61,6 @@ def test_planner_keeps_still_while_the_gain_is_within_the_error_bar():
             "hetero", _model(2000.0 * (1 + 0.03 * rng.standard_normal(2))), 0.02)
         assert p.update(jitter, phi, (0.9 * phi, 1.1 * phi)) == moved
     assert p.changes == 1
-
-
-def test_planner_probes_while_the_throughput_model_is_unsure_and_undoes_a_probe():
-    """A noise scale that favours a larger B if a fifth of the time is fixed cost (and a
-    smaller one, the other way): while the fit allows anything from none to most of it, no
-    move on the evidence, only a probe, held for its length and undone by the same unsure
-    models, and none again before explore_every; once the bounds are narrow, the move."""
-    def fns(fixed):
-        return [goodput.iteration_model("hetero", _model([2000, 2000], fixed=a), 0.0)
-                for a in fixed]
-    for phi, fixed in ((2000.0, 0.004), (20.0, 0.004)):
-        mid, *wide = fns([fixed, 0.0, 0.05])
-        _, *narrow = fns([fixed, 0.9 * fixed, 1.1 * fixed])
-        bar = (0.9 * phi, 1.1 * phi)
-        assert goodput.GoodputPlanner(16, 1024, 64).update(mid, phi, force=True) != 64
-        p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
-        probe = p.update(mid, phi, bar, iteration=0, alternatives=wide)
-        assert probe != 64 and (probe > 64) == (phi > 100) and p.home == 64
-        for t in range(1, p.probe_length):
-            assert p.update(mid, phi, bar, iteration=t, alternatives=wide) == probe
-        assert p.evaluating(p.probe_length)
-        assert p.update(mid, phi, bar, iteration=p.probe_length, alternatives=wide) == 64
-        for t in range(p.probe_length + 1, p.explore_every):
-            assert p.update(mid, phi, bar, iteration=t, alternatives=wide) == 64
-        assert p.probes == 1
-        moved = p.update(mid, phi, bar, iteration=p.explore_every, alternatives=narrow)
-        assert moved != 64 and (moved > 64) == (phi > 100) and p.home is None
-
-
-def test_the_first_probe_does_not_hold_back_the_next():
-    """The probe that makes the fixed costs known (the policy's, one step) is not one of the
-    explorations limited to one per explore_every: once it is undone, the middle model's
-    promise is tried at the next plan."""
-    mid, *wide = [goodput.iteration_model("hetero", _model([2000, 2000], fixed=a), 0.0)
-                  for a in (0.004, 0.0, 0.05)]
-    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
-    first = p.probe(mid, 2000.0, iteration=0, reach=2 ** 0.5)
-    assert 64 < first <= 64 * 2 ** 0.5
-    bar = (1800.0, 2200.0)
-    assert p.update(mid, 2000.0, bar, iteration=p.probe_length, alternatives=wide) == 64
-    assert p.update(mid, 2000.0, bar, iteration=p.probe_length + 1, alternatives=wide) > 64
-    assert p.probes == 2
-
-
-def test_a_probe_that_pays_off_is_kept():
-    """What the probe measured shows the probed B better beyond the margin: B stays."""
-    def fn(fixed):
-        return goodput.iteration_model("hetero", _model([2000, 2000], fixed=fixed), 0.0)
-    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
-    probe = p.probe(fn(0.02), 2000.0, iteration=0)
-    assert probe > 64 and p.home == 64
-    for t in range(1, p.probe_length + 1):
-        kept = p.update(fn(0.02), 2000.0, (1900.0, 2100.0), iteration=t,
-                        alternatives=[fn(0.019), fn(0.021)])
-    assert kept >= probe and p.home is None
-
-
-@share(0.5)
-@given(st.lists(st.floats(200.0, 5000.0), min_size=2, max_size=4),
-       st.floats(0.0, 0.02), st.floats(0.0, 1.0), st.floats(5.0, 5000.0),
-       st.floats(0.0, 0.5), st.sampled_from([16, 45, 64, 181, 512]))
-def test_a_move_clears_the_margin_under_every_model_and_noise_scale(
-        speeds, fixed, width, phi, spread, start):
-    """Whatever the models: B moves on the evidence only to a batch whose goodput beats the
-    current B's by the margin under the middle model, under each bound on the fixed costs,
-    and at each end of the noise scale's error bar, and to the best such one by the middle
-    model; a probe only where the middle model promises explore_gain at each end."""
-    models = [_model(speeds, fixed=a) for a in (fixed, fixed * (1 - width), fixed * (1 + width))]
-    fns = [goodput.iteration_model("hetero", m, 0.002) for m in models]
-    bar = (phi * (1 - spread), phi * (1 + spread))
-    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
-    p.current = start
-    moved = p.update(fns[0], phi, bar, alternatives=fns[1:])
-    if moved == start:
-        return
-    probe = p.home is not None           # a probe: the middle model's promise, within 2x
-    if probe:
-        assert p.home == start and start / 2 <= moved <= 2 * start
-    for fn in fns[:1] if probe else fns:
-        for end in (phi, *bar):
-            g = {B: float(B / fn(B) * noise.efficiency(end, B, 64)) for B in (start, moved)}
-            gain = p.explore_gain if probe else p.min_gain
-            assert g[moved] > (1 + gain) * g[start] * (1 - 1e-9)
-    best = {r.batch: r.goodput for r in p.last_rows}
-    assert best[moved] >= best[start]
-
-
-def test_the_probe_moves_b_within_reach_and_off_the_start():
-    """Before any fit can tell the fixed costs, B moves once to the most goodput by the
-    middle guess within a factor 2, and off the current B even when that one is the best."""
-    fn = goodput.iteration_model("hetero", _model([2000, 2000]), 0.02)
-    p = goodput.GoodputPlanner(16, 1024, 64)
-    far = p.probe(fn, 5000.0)                  # the best is far above: as far as 2x
-    assert far == 128 and p.changes == 1
-    best = goodput.GoodputPlanner(16, 1024, 64).update(fn, 90.0, force=True)
-    p = goodput.GoodputPlanner(16, 1024, best)
-    near = p.probe(fn, 90.0)                   # the start is the best: a neighbour
-    assert near != best and best / 2 ** 0.5 <= near <= best * 2 ** 0.5
 
 
 def test_planner_moves_at_most_once_per_min_interval():

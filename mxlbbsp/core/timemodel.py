@@ -11,7 +11,6 @@ workers' measured (batch, seconds) pairs; :mod:`mxlbbsp.core.split` solves for t
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -260,53 +259,28 @@ class AffineFit:
         return TimeModel(batch / (predicted_time - a), a)
 
 
-class ThroughputModels(NamedTuple):
-    """The workers' time models with their fitted fixed costs (``mid``) and at the two ends
-    of what the fit allows (``low``, ``high``: less and more of each worker's time fixed),
-    all three through the same recent time of each worker (:meth:`FixedCostFit.models`)."""
-
-    mid: TimeModel
-    low: TimeModel
-    high: TimeModel
-
-
 class FixedCostFit:
     """Each worker's fixed cost per iteration a_i in t_i(b) = a_i + b / v_i, robustly, from
-    its last ``window`` (batch, time) observations (goodput's throughput model), with bounds.
+    its last ``window`` (batch, time) observations (goodput's throughput model).
 
     Per worker: the slope by :func:`pooled_slope` over its own observations (repeated
     medians, then least squares on the inliers: a passing tenant's slow iteration does not
     set it), the intercept the median of t - slope * b, within [0, ``max_share`` x its least
-    time]; its bounds (``low``, ``high``) the same at the slope ``bound_se`` standard errors
-    either side, widened by as many of the median's. Only a worker whose batch sizes in the window varied by ``min_spread`` of
-    their mean or more (an epoch's short last batch, a change of the global batch, the
-    balancer's first moves or its retries of the equal split) can show it; until then
-    (``fitted`` False) any share of its time up to ``max_share`` may be fixed. A worker not
-    yet fitted is tried at every observation, the others refitted every ``every``
-    observations (each fit costs about half a millisecond per worker at a window of 128);
-    when a fit gives no positive slope, the last estimate stays.
+    time]. Only a worker whose batch sizes in the window varied by ``min_spread`` of their
+    mean or more (an epoch's short last batch, a change of the global batch) can show it;
+    until then, and when a fit gives no positive slope, the last estimate stays (0 at
+    first: the linear model). Refitted every ``every`` observations (each fit costs about
+    half a millisecond per worker at a window of 128).
     """
 
     def __init__(self, num_workers: int, window: int = 128, min_spread: float = 0.1,
-                 max_share: float = 0.8, every: int = 4, bound_se: float = 2.0):
+                 max_share: float = 0.8, every: int = 4):
         self.window, self.min_spread, self.max_share = window, min_spread, max_share
         self.every = max(1, int(every))
-        self.bound_se = float(bound_se)
         self._b = np.full((num_workers, window), np.nan)
         self._t = np.full((num_workers, window), np.nan)
         self._seen = 0
         self.intercept = np.zeros(num_workers)
-        #: each worker's fixed cost at the slope bound_se standard errors up and down, and
-        #: the fitted seconds per sample (NaN until fitted)
-        self.low = np.full(num_workers, np.nan)
-        self.high = np.full(num_workers, np.nan)
-        self.slope = np.full(num_workers, np.nan)
-        self.fitted = np.zeros(num_workers, dtype=bool)
-
-    @property
-    def known(self) -> bool:
-        """Every worker's fixed cost fitted at least once."""
-        return bool(self.fitted.all())
 
     def observe(self, batch, seconds) -> None:
         col = self._seen % self.window
@@ -314,69 +288,16 @@ class FixedCostFit:
         self._t[:, col] = seconds
         self._seen += 1
         if self._seen % self.every == 0:
-            self._refit(range(len(self.intercept)))
-        elif not self.fitted.all():
-            self._refit(np.flatnonzero(~self.fitted))
+            self._refit()
 
-    def refit(self) -> None:
-        """Fit every worker now (say, once a new batch size has been run a few times)."""
-        self._refit(range(len(self.intercept)))
-
-    def _refit(self, workers) -> None:
-        for i in workers:
+    def _refit(self) -> None:
+        for i in range(len(self.intercept)):
             ok = np.isfinite(self._b[i]) & np.isfinite(self._t[i]) & (self._t[i] > 0)
             b, t = self._b[i, ok], self._t[i, ok]
             if len(b) < 8 or np.std(b) < self.min_spread * np.mean(b):
                 continue
-            slope, se = pooled_slope(b[None, :], t[None, :], np.ones((1, len(b)), bool))
+            slope, _ = pooled_slope(b[None, :], t[None, :], np.ones((1, len(b)), bool))
             if not (np.isfinite(slope) and slope > 0):
                 continue
-            most = self.max_share * float(t.min())
-            spread = self.bound_se * se if np.isfinite(se) else slope
-            # the fixed cost at the slope and at its bounds (a steeper slope, less fixed)
-            levels = np.median(t[None, :] - np.array([slope, slope + spread,
-                                                      max(slope - spread, 0.0)])[:, None]
-                               * b[None, :], axis=1)
-            # and the median's own error (1.25 sigma / sqrt(n), sigma from the residuals'
-            # median absolute deviation)
-            resid = np.abs(t - slope * b - levels[0])
-            level_se = 1.2533 * 1.4826 * float(np.median(resid)) / math.sqrt(len(b))
-            levels += self.bound_se * level_se * np.array([0.0, -1.0, 1.0])
-            self.intercept[i], self.low[i], self.high[i] = np.clip(levels, 0.0, most)
-            self.slope[i] = slope
-            self.fitted[i] = True
-
-    def models(self, recent: int = 5) -> Optional[ThroughputModels]:
-        """The workers' time models now: each through its recent time (the median over the
-        last ``recent`` observations of its time carried to their median batch, by the
-        fitted slope, or in proportion while not fitted), with the fitted fixed cost and its
-        bounds (not fitted: half of ``max_share`` of that time, and 0 to ``max_share``).
-        None before any observation of every worker.
-
-        A median of a few iterations, not a one-step forecast: B is chosen for the many
-        iterations to come, and a passing tenant's iteration, or one of the balancer's
-        retries of the equal split, should not move it."""
-        k = min(int(recent), self._seen, self.window)
-        if k < 1:
-            return None
-        cols = [(self._seen - 1 - j) % self.window for j in range(k)]
-        b, t = self._b[:, cols], self._t[:, cols]
-        valid = np.isfinite(b) & np.isfinite(t) & (t > 0) & (b > 0)
-        if not valid.any(axis=1).all():
-            return None
-        b = np.where(valid, b, np.nan)
-        at = nanmedian_last(b)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            carried = np.where(self.fitted[:, None],
-                               t + np.nan_to_num(self.slope)[:, None] * (at[:, None] - b),
-                               t * at[:, None] / b)
-        now = nanmedian_last(np.where(valid, carried, np.nan))
-        most = self.max_share * now
-        fixed = (np.where(self.fitted, self.intercept, 0.5 * most),
-                 np.where(self.fitted, np.nan_to_num(self.low), 0.0),
-                 np.where(self.fitted, np.nan_to_num(self.high, nan=most), most))
-        out = []
-        for a in fixed:
-            a = np.clip(a, 0.0, most)
-            out.append(TimeModel(at / np.maximum(now - a, 1e-12), a))
-        return ThroughputModels(*out)
+            level = float(np.median(t - slope * b))
+            self.intercept[i] = min(max(level, 0.0), self.max_share * float(t.min()))

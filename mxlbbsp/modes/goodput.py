@@ -16,50 +16,31 @@ homo`` instead predicts the iteration time of an *equal* split (the slowest work
 B/n: what a model of equal replicas such as AdaptDL's measures on these workers); the split
 is LB-BSP's either way, so the two differ only in the B they choose.
 
-The throughput model is each worker's t_i(b) = a_i + b/v_i through its recent time (the
-median over the last ``RECENT`` iterations, carried to their median batch), with its fixed
-cost per iteration a_i from a robust fit of its compute times against its batch sizes over
-the last ``FIT_WINDOW`` iterations, and that fit's bounds on a_i (``core.timemodel.
-FixedCostFit.models``); the split itself keeps the split's model (the predictor's speeds).
-B is chosen for the many iterations to come: a one-step forecast would move it with every
-passing tenant and every retry of the equal split. The split's linear model reads a fixed
-cost as slowness, which makes a small B look cheaper than it is (seen on the digits MLP:
-predicted 19 ms at B=32 where 22 were measured, 67 ms at B=128 where 59 were). The fit needs
-batch sizes that varied (the balancer's first moves and its retries of the equal split, the
-epoch's short last batch, a change of B); until a worker's have, any share of its time up to
-80 % may be fixed. The push/pull time is the least any worker measured in an iteration (see
-:class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
+The workers' time models are the split's (the predictor's speeds), with each worker's fixed
+cost per iteration (a_i in t_i(b) = a_i + b/v_i) from a robust fit of its compute times
+against its batch sizes over the last ``FIT_WINDOW`` iterations (``core.timemodel.
+FixedCostFit``), for the throughput only (the split itself keeps the split's model). The
+split's default linear model reads a fixed cost as slowness, which makes a small B look
+cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were measured,
+67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
+that varied (the epoch's short last batch, a change of B); until then the cost is the split
+model's (0 for the linear model). The push/pull time is the least any worker measured in an
+iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
 
-Stability: B moves when the planner sees a candidate whose goodput beats the current B's by
-more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error bar
-(``NoiseScale.noise_scale_range``) and wherever the fixed costs lie within theirs, then to
-the best such candidate, up or down, at most once per ``every`` iterations
-(:class:`GoodputPlanner`): the rate is limited by evidence and time, not by epochs, so B
-follows a noise scale that keeps growing, and comes down when the noise scale falls or the
-throughput model changes (a worker slows down, or leaves). Both error bars matter: the
-first moves used to go by a throughput model whose fixed costs were not known yet (0: a
-small B as fast per sample as B0), down to 16-19 on the digits MLP, 6 iterations in, and
-back once B had varied; and refits of the fixed costs moved B a step and back. A move on the
-evidence goes at most ``GoodputPlanner.TRUST`` beyond the global batches the fit has seen:
-further out the line only extrapolates, and times bend (a ResNet-20 on two shared cores).
-
-Evidence about the throughput comes only from batch sizes that were run, so B is also tried
-elsewhere (``GoodputPlanner.probe``) for a few iterations, then decided on from the B before
-by the same margin, with what the try measured, and undone unless it paid off: once at the
-start, as soon as the noise scale is known while no worker's batch sizes have varied enough
-for a fit (to the best candidate by a middle guess of the fixed costs, within
-``PROBE_REACH`` of B0: without it, workers that are equal, or that the balancer hardly
-moves, would keep B0 for good), and then wherever the middle model promises more than the
-bounds allow a move to (at most once per ``GoodputPlanner.EXPLORE_EVERY`` iterations).
-Before the noise scale and the push/pull time are known (the first iterations), B0 clipped
-into the range is kept.
+Stability: B moves when the planner sees a candidate whose goodput beats the current
+B's by more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error
+bar (``NoiseScale.noise_scale_range``), then to the best such candidate, up or down, at most
+once per ``every`` iterations (:class:`GoodputPlanner`): the rate is limited by evidence and
+time, not by epochs, so B follows a noise scale that keeps growing, and comes down when the
+noise scale falls or the throughput model changes (a worker slows down, or leaves). Before
+the noise scale (with its error bar) and the push/pull time are known (the first
+iterations), B0 clipped into the range is kept.
 
 Off the critical path: the split of t+2 goes out at the B chosen last time
 (:meth:`GoodputPolicy.plan`); the next choice is made after it (``after_split``), every
 ``PLAN_EVERY`` iterations, every candidate scored at once in numpy
 (:meth:`IterationModel.many`), and the fixed costs refitted every ``FIT_EVERY``
-iterations (a worker not fitted yet at every iteration, every worker before a probe is
-decided on): the coordinator's work per iteration stays close to LB-BSP's, so that the
+iterations: the coordinator's work per iteration stays close to LB-BSP's, so that the
 workers wait for their slices no longer than under LB-BSP at a fixed B (on a loaded
 machine any of the coordinator's CPU can become their wait).
 
@@ -78,10 +59,9 @@ applies the recorded factors. Before phi is known, sqrt(B/B0). The rules of B al
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
-from typing import Deque, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -115,15 +95,19 @@ FIT_EVERY = 16
 #: ``every`` iterations, 4 by default): less of the coordinator's time per iteration, which
 #: on a loaded machine is what the workers wait for
 PLAN_EVERY = 4
-#: the throughput model goes through each worker's median time over this many iterations
-#: (``FixedCostFit.models``): one slow iteration, or the balancer's retry of the equal
-#: split, does not move B; a worker that slows down for good does, within a plan or two
-RECENT = 5
-#: the first probe (while no fit can tell the fixed costs) goes at most this factor from B0:
-#: enough for the fit, and a wrong middle guess of the fixed costs costs little
-PROBE_REACH = 2 ** 0.5
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
+
+
+def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split) -> _tm.TimeModel:
+    """``model`` with each worker's fixed cost ``fixed`` (seconds; where ``model`` has none),
+    its time at its batch in ``split`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
+    of t_i(b_i) over b_i samples the marginal speed."""
+    b = np.maximum(np.asarray(split, dtype=float), 1.0)
+    now = model.time(b)
+    a = np.where(model.intercept > 0, model.intercept,
+                 np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
+    return _tm.TimeModel(b / np.maximum(now - a, 1e-12), a)
 
 
 def equal_split_time(model: _tm.TimeModel, sync_s: float, batch: int) -> float:
@@ -187,34 +171,15 @@ class GoodputPlanner:
     Every plan scores every candidate (in numpy) at the noise scale B goes by, and B moves
     to the candidate of the most goodput among those that beat the current B by more than
     ``min_gain`` wherever the noise scale lies within its error bar (``phi_range``: the
-    ratio of two batches' goodputs is monotone in phi, so its two ends decide) and wherever
-    the throughput model lies within its own (``alternatives``: the fixed costs' bounds),
-    up or down, at most once per ``min_interval`` iterations. So B follows the noise scale
-    as far as the evidence goes, and as often as it changes; an estimate still uncertain
-    moves it less far or not at all; and a new throughput model (a worker slows down, or
-    leaves) moves it at the next plan. ``min_gain`` covers what neither error bar does.
-
-    Evidence about the throughput comes only from batch sizes that were run, so the planner
-    also tries one (:meth:`probe`): for ``probe_length`` iterations, after which B goes on
-    from the B before the probe (``home``) by the same margin, with what the probe
-    measured; a probe that did not pay off is undone. Besides the one that makes the fixed
-    costs known at all (the policy's, which does not count here), a probe goes where the
-    middle throughput model promises ``explore_gain`` more goodput at both ends of the noise
-    scale's error bar but the bounds do not allow a move, at most once per
-    ``explore_every`` iterations: the bounds of a batch size never run stay wide, and a
-    margin alone would keep any B for good.
+    ratio of two batches' goodputs is monotone in phi, so its two ends decide), up or down,
+    at most once per ``min_interval`` iterations. So B follows the noise scale as far as
+    the evidence goes, and as often as it changes; an estimate still uncertain moves it
+    less far or not at all; and a new throughput model (a worker slows down, or leaves)
+    moves it at the next plan. ``min_gain`` covers the throughput model's own error.
     """
 
-    #: the least goodput gain a move must promise on top of the error bars
+    #: the least goodput gain a move must promise on top of the noise scale's error bar
     MIN_GAIN = 0.02
-    #: a probe's iterations, before the planner decides with what it measured (the time
-    #: models go by the median of a worker's last 5 iterations)
-    PROBE_LENGTH = 8
-    #: the least goodput the middle model must promise for a probe, and how often
-    EXPLORE_GAIN = 0.05
-    EXPLORE_EVERY = 32
-    #: how far beyond the batch sizes measured a move on the evidence may go
-    TRUST = 2 ** 0.5
 
     def __init__(self, lo: int, hi: int, base_batch: int, min_interval: int = 4,
                  per_octave: int = 4, min_gain: float = MIN_GAIN):
@@ -222,27 +187,18 @@ class GoodputPlanner:
         self.base_batch = int(base_batch)
         self.min_interval = max(1, int(min_interval))
         self.min_gain = float(min_gain)
-        self.probe_length = max(self.PROBE_LENGTH, self.min_interval)
-        self.explore_gain, self.explore_every = self.EXPLORE_GAIN, self.EXPLORE_EVERY
         self.batches = _planner.candidates(self.lo, self.hi, per_octave)
         self.current = int(min(max(base_batch, self.lo), self.hi))
-        #: while probing: the B before the probe, and the iteration the probe began
-        self.home: Optional[int] = None
-        self._probe_at: Optional[int] = None
-        self._explored_at: Optional[int] = None
         #: the last plan's candidates and their (iteration time, throughput, efficiency,
         #: goodput), as arrays (rows are built only when asked for: ``last_rows``)
         self._last: Optional[tuple] = None
         self.changes = 0
-        self.probes = 0
         self.plans = 0
         self._changed_at: Optional[int] = None
 
     def _scores(self, iteration_s, phi: float):
-        """(batches, iteration times, throughputs) of the candidates and the current B (and
-        the B before a probe)."""
-        extra = [self.current] + ([self.home] if self.home is not None else [])
-        batches = np.union1d(self.batches, extra)
+        """(batches, iteration times, throughputs) of the candidates and the current B."""
+        batches = np.union1d(self.batches, [self.current])
         if hasattr(iteration_s, "many"):
             times = np.asarray(iteration_s.many(batches), dtype=float)
         else:
@@ -260,38 +216,12 @@ class GoodputPlanner:
         return [_noise.GoodputRow(int(b), float(it), float(r), float(e), float(r * e))
                 for b, it, r, e in zip(batches, times, thr, eff)]
 
-    def evaluating(self, iteration: int) -> bool:
-        """Whether a plan at ``iteration`` decides on a probe (so the caller can refit the
-        throughput model with what the probe measured)."""
-        return self._probe_at is not None and iteration - self._probe_at >= self.probe_length
-
-    def _worst(self, batches, rates, ends, ref: int) -> np.ndarray:
-        """Each candidate's least goodput ratio to ``ref`` over the throughputs ``rates``
-        and the noise scales ``ends``."""
-        at = int(np.searchsorted(batches, ref))
-        worst = np.full(len(batches), np.inf)
-        for rate in rates:
-            for end in ends:
-                g = self._goodput(batches, rate, end)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = np.where(g[at] > 0, g / g[at], np.where(g > 0, np.inf, 1.0))
-                worst = np.minimum(worst, ratio)
-        return worst
-
     def update(self, iteration_s, phi: float, phi_range=None, iteration: Optional[int] = None,
-               force: bool = False, alternatives: Sequence = (),
-               trusted: Optional[tuple] = None) -> int:
+               force: bool = False) -> int:
         """The batch of the next iteration, given B -> iteration time (a callable, or an
-        :class:`IterationModel`: the middle throughput model), phi and its error bar
-        ``phi_range`` (low, high; None: phi is taken as exact); ``iteration``: the one being
-        planned (default: the count of plans), which ``min_interval`` counts in;
-        ``alternatives``: other B -> iteration time the truth may be (the ends of the
-        throughput model's own error bar: the fixed costs' bounds), under each of which a
-        move must clear the margin too; ``trusted``: the least and the most global batch the
-        throughput model was measured at (None: any), beyond which by more than ``TRUST``
-        it only extrapolates (a line, where the time may well bend: a ResNet-20 on two
-        shared cores took 5 ms per sample at 120 where 32 to 61 had shown 3.6), so that only
-        a probe goes there."""
+        :class:`IterationModel`), phi and its error bar ``phi_range`` (low, high; None: phi
+        is taken as exact); ``iteration``: the one being planned (default: the count of
+        plans), which ``min_interval`` counts in."""
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
@@ -299,83 +229,24 @@ class GoodputPlanner:
         good = thr * eff
         self._last = (batches, times, thr, eff, good)
         if force:
-            self._end_probe()
             self._move(int(batches[int(np.argmax(good))]), now)
             return self.current
-        if self._probe_at is not None:
-            if not self.evaluating(now):
-                return self.current
-            ref = self.home                  # the probe decides nothing by itself
-        else:
-            if self._changed_at is not None and now - self._changed_at < self.min_interval:
-                return self.current
-            ref = self.current
+        if self._changed_at is not None and now - self._changed_at < self.min_interval:
+            return self.current
+        here = int(np.searchsorted(batches, self.current))
+        worst = np.full(len(batches), np.inf)
         ends = [phi] + [x for x in (phi_range or ()) if not (isinstance(x, float)
                                                               and math.isnan(x))]
-        rates = [thr] + [self._scores(other, phi)[2] for other in alternatives]
-        better = self._worst(batches, rates, ends, ref) > 1.0 + self.min_gain
-        if trusted is not None:
-            better &= (batches >= trusted[0] / self.TRUST) & (batches <= trusted[1] * self.TRUST)
-        probed = self._probe_at is not None
-        self._end_probe()
+        for end in ends:
+            g = self._goodput(batches, thr, end)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(g[here] > 0, g / g[here], np.where(g > 0, np.inf, 1.0))
+            worst = np.minimum(worst, ratio)
+        better = worst > 1.0 + self.min_gain
         if better.any():
             pick = int(np.argmax(np.where(better, good, -np.inf)))
             self._move(int(batches[pick]), now)
-            return self.current
-        if probed:
-            self._move(ref, now)             # undone: the probe did not pay off
-            return self.current
-        # no move on the evidence: one the middle model promises, tried if it is time
-        if alternatives and (self._explored_at is None
-                             or now - self._explored_at >= self.explore_every) \
-                and (self._changed_at is None or now - self._changed_at >= self.min_interval):
-            promise = self._worst(batches, [thr], ends, self.current) > 1.0 + self.explore_gain
-            near = promise & (batches >= self.current / 2) & (batches <= self.current * 2)
-            if near.any():
-                self._explored_at = now
-                self._start_probe(int(batches[int(np.argmax(np.where(near, good, -np.inf)))]),
-                                  now)
         return self.current
-
-    def probe(self, iteration_s, phi: float, iteration: Optional[int] = None,
-              reach: float = 2.0) -> int:
-        """Try a batch to learn the throughput model: the candidate of the most goodput by
-        ``iteration_s`` (the fixed costs' middle guess) within a factor ``reach`` of the
-        current B, and off the current B (its nearest neighbour the way goodput rises, if
-        nothing beats it), for ``probe_length`` iterations (see the class docstring). While
-        every B has been one batch size, no fit can tell a fixed cost from slowness, and
-        the margin over its bounds holds B still: a probe varies the batch sizes, which is
-        what makes the fixed costs known."""
-        self.plans += 1
-        now = self.plans if iteration is None else int(iteration)
-        batches, times, thr = self._scores(iteration_s, phi)
-        eff = _noise.efficiency(phi, batches, self.base_batch)
-        good = thr * eff
-        self._last = (batches, times, thr, eff, good)
-        near = (batches >= self.current / reach) & (batches <= self.current * reach) \
-            & (batches != self.current) & (good > 0)
-        if not near.any():
-            return self.current
-        here = int(np.searchsorted(batches, self.current))
-        pick = int(np.argmax(np.where(near, good, -np.inf)))
-        if good[pick] <= good[here]:
-            # nothing beats the current B: its neighbour on the side goodput falls less
-            sides = [k for k in (here - 1, here + 1) if 0 <= k < len(batches) and near[k]]
-            if not sides:
-                return self.current
-            pick = max(sides, key=lambda k: good[k])
-        self._start_probe(int(batches[pick]), now)
-        return self.current
-
-    def _start_probe(self, batch: int, now: int) -> None:
-        if self._probe_at is None:
-            self.home = self.current
-        self._probe_at = now
-        self.probes += 1
-        self._move(batch, now)
-
-    def _end_probe(self) -> None:
-        self._probe_at, self.home = None, None
 
     def _move(self, batch: int, now: int) -> None:
         if batch != self.current:
@@ -418,14 +289,10 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.noise: Optional[_noise.NoiseScale] = None
         #: each worker's fixed cost per iteration, fitted from its batches and compute times
         self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW, every=FIT_EVERY)
-        #: (iteration, split sent) for after_split
+        #: (iteration, time models, split sent) for after_split
         self._to_plan: Optional[tuple] = None
         #: the iteration the planner chose for last (it plans every PLAN_EVERY iterations)
         self._planned: Optional[int] = None
-        #: whether B was moved once to make the fixed costs known (GoodputPlanner.probe)
-        self._probed = False
-        #: the global batches of the fit's window (the throughput model's measured range)
-        self._ran: Deque[int] = collections.deque(maxlen=FIT_WINDOW)
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -484,7 +351,6 @@ class GoodputPolicy(BatchChoosingPolicy):
         if not np.isfinite(compute).all():
             return None
         self.fit.observe(batch, compute)
-        self._ran.append(int(np.sum(batch)))
         return batch
 
     def plan(self, t, model, next_B, in_force):
@@ -495,7 +361,7 @@ class GoodputPolicy(BatchChoosingPolicy):
         B = self.totals.get(target - 1, self.lo) if self.planner is None \
             else self.planner.current
         split = self._split_and_send(t, model, B, next_B)
-        self._to_plan = (t, split)
+        self._to_plan = (t, model, split)
         return split
 
     def after_split(self, t: int) -> None:
@@ -504,35 +370,24 @@ class GoodputPolicy(BatchChoosingPolicy):
         noise scale and its error bar."""
         if self._to_plan is None or self._to_plan[0] != t:
             return
-        _, split = self._to_plan
+        _, model, split = self._to_plan
         self._to_plan = None
         target = t + 1 + self.ahead
-        # the split goes by the split's model; the throughput by the fit's (its recent
-        # times, with the fixed costs and their bounds)
-        measured = self._observe_times()
+        # the split goes by the split's model; the throughput, with the fixed costs
+        batches = self._observe_times()
         note = self.noted.setdefault(target, {})
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
         phi = self.phi
         if self._planned is not None and target - self._planned < PLAN_EVERY:
             return
-        if self.planner is not None and self.planner.evaluating(target):
-            self.fit.refit()                 # with what the probe measured
-        models = self.fit.models(RECENT) if measured is not None else None
-        if models is not None and self.sync_s is not None and self.planner is not None \
-                and math.isfinite(phi):
-            note["fixed_share"], note["fixed_share_range"] = self._shares(models, measured)
-            fns = [iteration_model(self.kind, m, self.sync_s,
-                                   self.coordinator.balancer.max_batch, self.least)
-                   for m in models]
-            if not self.fit.known and not self._probed:
-                # no fit can tell the fixed costs yet: vary B once, so that it can
-                self.planner.probe(fns[0], phi, iteration=target, reach=PROBE_REACH)
-                self._probed = True
-            else:
-                self.planner.update(fns[0], phi, self.noise.noise_scale_range,
-                                    iteration=target, alternatives=fns[1:],
-                                    trusted=(min(self._ran), max(self._ran)))
+        if batches is not None:
+            model = with_fixed_costs(model, self.fit.intercept, batches)
+            note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
+        if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
+            fn = iteration_model(self.kind, model, self.sync_s,
+                                 self.coordinator.balancer.max_batch, self.least)
+            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target)
             self._planned = target
         row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
@@ -544,15 +399,6 @@ class GoodputPolicy(BatchChoosingPolicy):
         if row is not None:
             note["goodput"] = row.goodput
             note["efficiency"] = row.efficiency
-            note["predicted_iteration_s"] = row.iteration_s
-
-    @staticmethod
-    def _shares(models: _tm.ThroughputModels, batch) -> tuple:
-        """The workers' mean share of fixed cost at ``batch`` by the middle model, and by
-        the two bounds (for the metrics)."""
-        def share(m):
-            return float(np.mean(m.intercept / m.time(batch)))
-        return share(models.mid), [share(models.low), share(models.high)]
 
     @property
     def phi(self) -> float:
@@ -585,9 +431,7 @@ class GoodputPolicy(BatchChoosingPolicy):
                 "noise_scale_range": note.get("noise_scale_range"),
                 "goodput": note.get("goodput"),
                 "efficiency": note.get("efficiency"), "adascale_gain": gain,
-                "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share"),
-                "fixed_share_range": note.get("fixed_share_range"),
-                "predicted_iteration_s": note.get("predicted_iteration_s")}
+                "noise_point": note.get("noise_point"), "fixed_share": note.get("fixed_share")}
 
 
 @register
