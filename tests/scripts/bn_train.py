@@ -163,6 +163,10 @@ def worker():
                 gluon.utils.clip_global_norm(grads, 1e3 * args.batch_size)
                 trainer.update(n)
             if iteration == args.die_at and rank == 1 and not os.path.exists(marker):
+                # after this iteration has ended: step() only issues the pushpull to the
+                # engine, and an exit before it went out would lose the iteration before
+                # (the other workers' step waits for it, rank 0's checkpoint too)
+                nd.waitall()
                 open(marker, "w").close()
                 os._exit(9)
             iteration += 1

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import mxnet as mx
-from mxnet import autograd, gluon
+from mxnet import autograd, gluon, nd
 
 import mxlbbsp
 from mxlbbsp.worker import datasets
@@ -62,6 +62,7 @@ for epoch in range(args.epochs):
         loss.backward()
         trainer.step()
         if iteration == args.die_at and mxlbbsp.rank() == 1 and not os.path.exists(marker):
+            nd.waitall()      # the iteration has ended (step() only issues the pushpull)
             open(marker, "w").close()
             os._exit(9)
         iteration += 1

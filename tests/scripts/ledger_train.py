@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 
-from mxnet import autograd, gluon
+from mxnet import autograd, gluon, nd
 
 import mxlbbsp
 
@@ -89,6 +89,7 @@ for epoch in range(args.epochs):
         else:
             trainer.step()
         if t == args.die_at and rank == 1 and not os.path.exists(died):
+            nd.waitall()      # the iteration has ended (step() only issues the pushpull)
             open(died, "w").close()
             os._exit(9)
         t += 1
