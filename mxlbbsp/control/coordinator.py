@@ -136,6 +136,8 @@ class Coordinator:
         self._in_force: Optional[np.ndarray] = None   # the split of the latest iteration planned
         #: iteration -> its split, for the iterations planned after the last finished one
         self._splits: Dict[int, np.ndarray] = {}
+        # iteration -> the last iteration whose reports its split was decided from (metrics)
+        self._planned_from: Dict[int, int] = {}
         self._measured: Optional[tuple] = None       # see `measured`
         self._iteration = -1
         self._samples = 0
@@ -181,8 +183,7 @@ class Coordinator:
         (``split``: of t+1; ``next_split``: of t+2, once planned), and the metrics records
         and summary's totals through t (the complete records not yet written included)."""
         written, totals = self.recorder.pending_totals(
-            self._iteration, self._hosts, self.speed.fallbacks,
-            self._policy.record_fields)
+            self._iteration, self._hosts, self.speed.fallbacks, self._record_fields)
         t = self._iteration
         split, after = self._splits.get(t + 1), self._splits.get(t + 2)
         return {"iteration": t, "num_workers": self.config.num_workers,
@@ -646,6 +647,7 @@ class Coordinator:
         predicted = self._in_force / model.time(self._in_force)
         for k in range(target, last + 1):
             self.recorder.predicted[k] = predicted
+            self._planned_from[k] = t
         if log.isEnabledFor(logging.DEBUG):
             log.debug("iteration %s: split %s of %d; predicted speeds %s samples/s; %s",
                       target if last == target else f"{target}-{last}",
@@ -755,8 +757,19 @@ class Coordinator:
     def _flush_records(self, final: bool = False) -> None:
         """Hand every complete record (all of them at the end) to the recorder's writer."""
         self.recorder.flush(self._iteration, self.collect.last_report, self._byes,
-                            self._hosts, self.speed.fallbacks,
-                            self._policy.record_fields, final=final)
+                            self._hosts, self.speed.fallbacks, self._record_fields,
+                            final=final)
+        parts = self.recorder.parts
+        for t in [t for t in self._planned_from if t <= self._iteration and t not in parts]:
+            del self._planned_from[t]
+
+    def _record_fields(self, t: int) -> dict:
+        """The mode's fields of iteration ``t``'s records, and ``planned_from``: the last
+        iteration whose reports its split was decided from (t-1-ahead with a decision per
+        iteration; earlier under a lease, :meth:`_lease`)."""
+        fields = self._policy.record_fields(t)
+        planned = self._planned_from.get(t)
+        return fields if planned is None else {**fields, "planned_from": planned}
 
 
 def _mean(columns: List[np.ndarray]) -> np.ndarray:

@@ -6,6 +6,8 @@ iteration_s, speed, predicted_speed, cpu_percent, mem_percent, slowdown, sync, b
 the predictor expected that speed to be, one iteration ahead (null for the first).
 Optional: ``scalars`` ({name: number or null}, what the script gave :func:`mxlbbsp.log` in
 that iteration), ``momentum`` (the optimizer's, on the first record of a worker that has one),
+``planned_from`` (the last iteration whose reports the split of this one was decided from:
+t-1-ahead with a decision per iteration, earlier under a lease of several iterations),
 courier's ``deadline_s`` and ``done_s`` (seconds from the launch when the iteration ended).
 
 The end-of-job summary and ``mxlbbsp report`` both come from :class:`Totals`, and so do the
