@@ -132,8 +132,7 @@ def engine_compute(start: float, issued: float, previous_end: Optional[float], n
     """A worker's compute time of an iteration whose report the engine timed, in seconds.
 
     ``start``: the slice known on the main thread; ``issued``: the main thread done issuing
-    the iteration's forward and backward passes (less the time it waited for its own engine
-    meanwhile, :meth:`Session.wait_finished`); ``previous_end``: the engine done with the
+    the iteration's forward and backward passes; ``previous_end``: the engine done with the
     step before (None on the first); ``now``: the gradients ready; ``untimed``: seconds in
     :meth:`Session.untimed`.
 
@@ -218,7 +217,6 @@ class Session:
         #: what the mode's worker half keeps per session (SyncMode.attach's result)
         self.mode_half = None
         self._untimed = 0.0               # seconds inside untimed() since the last step
-        self._held = 0.0                  # seconds in wait_finished() since the last report
         self._compute = 0.0
         self._signals: Optional[_signals.Signals] = None   # contention over the compute phase
         self._read_load = False                  # cpu_percent, mem_percent asked for
@@ -612,10 +610,8 @@ class Session:
         t, local, total = self.iteration, self.batch_local, self.batch_global
         fields = self._announced + (self.lr_factor(),)
         start, untimed = self._t_start, self._untimed
-        # the main thread's wait for its own engine (wait_finished) is not Python issuing
-        # the iteration: the engine ran the steps before meanwhile
-        issued = time.perf_counter() - self._held
-        self._untimed = self._held = 0.0
+        issued = time.perf_counter()
+        self._untimed = 0.0
         self.reported = t
         self._handed_over()
 
@@ -703,9 +699,7 @@ class Session:
     def wait_finished(self, iteration: int) -> None:
         """Block until the engine has finished the step of ``iteration`` (sending what it
         timed meanwhile; raises as wait_until)."""
-        start = time.perf_counter()
         self.wait_until(lambda: self.finished >= iteration, hold=True)
-        self._held += time.perf_counter() - start
         self.send_pending()
 
     def flush(self, timeout: Optional[float] = None) -> bool:
