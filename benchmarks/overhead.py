@@ -21,7 +21,9 @@ push, the update, the BatchNorm combine, waiting for the pulled sums, the done),
 of each phase over the timed iterations of both workers is printed (the means add up to the
 iteration). And the CPU time each role of the job used over the timed iterations (workers,
 server, scheduler, and the launcher's process: the coordinator and the supervision), per
-iteration: on 2 cores every millisecond of it is taken from someone.
+iteration, with the workers' main threads and their engine threads apart (``workers:
+main``, ``workers: engine``, summed over the workers): on 2 cores every millisecond of it is
+taken from someone.
 
 Then a job's fixed cost, start to exit, plain launcher against ``mxlbbsp launch -n 2``: a
 script that only creates the dist_sync kvstore, and one that never does (``print('hi')``).
@@ -105,11 +107,26 @@ class Job:
                 if "overhead-result " in line]
 
     def cpu_per_role(self) -> Dict[str, float]:
-        """CPU seconds per role between rank 0's start and result lines."""
+        """CPU seconds per role between rank 0's start and result lines; and of the
+        workers' threads, summed over the workers: each one's main thread (``workers:
+        main``: the script's Python) and its busiest other thread over the same time
+        (``workers: engine``: MXNet's engine worker, with MXNET_CPU_WORKER_NTHREADS=1 the
+        one that runs the operators)."""
         if not (self.cpu["start"] and self.cpu["end"]):
             return {}
         a, b = self.cpu["start"][0], self.cpu["end"][0]
-        return {role: b.get(role, 0.0) - a.get(role, 0.0) for role in b}
+        out = {role: b.get(role, 0.0) - a.get(role, 0.0) for role in b
+               if not isinstance(role, tuple)}
+        threads: Dict[int, Dict[int, float]] = {}
+        for key, seconds in b.items():
+            if isinstance(key, tuple):
+                pid, tid = key
+                threads.setdefault(pid, {})[tid] = seconds - a.get(key, 0.0)
+        if threads:
+            out["workers: main"] = sum(ts.get(pid, 0.0) for pid, ts in threads.items())
+            out["workers: engine"] = sum(max([v for tid, v in ts.items() if tid != pid],
+                                             default=0.0) for pid, ts in threads.items())
+        return out
 
     def kill(self) -> None:
         for p in self.procs:
@@ -133,8 +150,9 @@ def _role(proc) -> str:
         return "other"
 
 
-def cpu_by_role(procs) -> Dict[str, float]:
-    """CPU seconds (user + system, all threads) used so far by every process of the job."""
+def cpu_by_role(procs) -> dict:
+    """CPU seconds (user + system, all threads) used so far by every process of the job, by
+    role; and by (pid, thread id) for each thread of the workers."""
     import psutil
     out: Dict[str, float] = {}
     seen = set()
@@ -154,6 +172,12 @@ def cpu_by_role(procs) -> Dict[str, float]:
                 continue
             role = _role(q)
             out[role] = out.get(role, 0.0) + t.user + t.system
+            if role == "workers":
+                try:
+                    for th in q.threads():
+                        out[(q.pid, th.id)] = th.user_time + th.system_time
+                except psutil.Error:
+                    pass
     return out
 
 
