@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -81,7 +81,7 @@ class Job:
     def __init__(self, procs: List[subprocess.Popen], workers: List[subprocess.Popen]):
         self.procs, self.workers = procs, workers
         self.lines: List[str] = []
-        self.cpu: Dict[str, List[Dict[str, float]]] = {"start": [], "end": []}
+        self.cpu: Dict[str, list] = {"start": [], "end": []}    # cpu_by_role's readings
         self._threads = [threading.Thread(target=self._read, args=(p,), daemon=True)
                          for p in procs if p.stdout is not None]
         for t in self._threads:
@@ -114,18 +114,15 @@ class Job:
         one that runs the operators)."""
         if not (self.cpu["start"] and self.cpu["end"]):
             return {}
-        a, b = self.cpu["start"][0], self.cpu["end"][0]
-        out = {role: b.get(role, 0.0) - a.get(role, 0.0) for role in b
-               if not isinstance(role, tuple)}
-        threads: Dict[int, Dict[int, float]] = {}
-        for key, seconds in b.items():
-            if isinstance(key, tuple):
-                pid, tid = key
-                threads.setdefault(pid, {})[tid] = seconds - a.get(key, 0.0)
-        if threads:
-            out["workers: main"] = sum(ts.get(pid, 0.0) for pid, ts in threads.items())
+        (roles_a, threads_a), (roles_b, threads_b) = self.cpu["start"][0], self.cpu["end"][0]
+        out = {role: roles_b[role] - roles_a.get(role, 0.0) for role in roles_b}
+        used: Dict[int, Dict[int, float]] = {}       # pid -> thread id -> seconds
+        for (pid, tid), seconds in threads_b.items():
+            used.setdefault(pid, {})[tid] = seconds - threads_a.get((pid, tid), 0.0)
+        if used:
+            out["workers: main"] = sum(ts.get(pid, 0.0) for pid, ts in used.items())
             out["workers: engine"] = sum(max([v for tid, v in ts.items() if tid != pid],
-                                             default=0.0) for pid, ts in threads.items())
+                                             default=0.0) for pid, ts in used.items())
         return out
 
     def kill(self) -> None:
@@ -150,11 +147,12 @@ def _role(proc) -> str:
         return "other"
 
 
-def cpu_by_role(procs) -> dict:
+def cpu_by_role(procs) -> Tuple[Dict[str, float], Dict[Tuple[int, int], float]]:
     """CPU seconds (user + system, all threads) used so far by every process of the job, by
-    role; and by (pid, thread id) for each thread of the workers."""
+    role; and by (pid, thread id), each thread of the workers'."""
     import psutil
     out: Dict[str, float] = {}
+    threads: Dict[Tuple[int, int], float] = {}
     seen = set()
     for p in procs:
         try:
@@ -175,10 +173,10 @@ def cpu_by_role(procs) -> dict:
             if role == "workers":
                 try:
                     for th in q.threads():
-                        out[(q.pid, th.id)] = th.user_time + th.system_time
+                        threads[(q.pid, th.id)] = th.user_time + th.system_time
                 except psutil.Error:
                     pass
-    return out
+    return out, threads
 
 
 def plain_job(argv: List[str], env: Dict[str, str], workers: int = WORKERS,
