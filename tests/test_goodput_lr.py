@@ -216,6 +216,7 @@ def test_fixed_cost_fit_is_robust_and_waits_for_varied_batches():
         b = np.array([48.0, 16.0])
         fit.observe(b, a + c * b + rng.normal(0, 0.001, 2))
     assert fit.intercept.tolist() == [0.0, 0.0]
+    assert not fit.known.any()                    # 0 is only the default, not a fit
     for k in range(64):                                             # B moved, a tenant
         b = np.array([48.0, 16.0]) * (1 if k % 3 else 0.6)
         t = a + c * b + rng.normal(0, 0.001, 2)
@@ -223,3 +224,20 @@ def test_fixed_cost_fit_is_robust_and_waits_for_varied_batches():
             t = t * 4                                               # passing slow iterations
         fit.observe(b, t)
     assert fit.intercept == pytest.approx(a, rel=0.25)
+    assert fit.known.all()
+
+
+def test_fixed_cost_fit_knows_a_cost_as_soon_as_the_batches_vary():
+    """Between its scheduled refits (every 16) the fit still looks at every observation
+    while a cost is not known: known 8 observations into batches that vary."""
+    fit = _tm.FixedCostFit(2, window=64, every=16)
+    a, c = np.array([0.010, 0.030]), np.array([0.0005, 0.0015])
+    for k in range(5):
+        fit.observe(np.array([48.0, 16.0]), a + c * np.array([48.0, 16.0]))
+    for k in range(8):
+        b = np.array([48.0, 16.0]) * (0.8 if k % 2 else 1.2)
+        fit.observe(b, a + c * b)
+        if fit.known.all():
+            break
+    assert fit.known.all() and 5 + k + 1 < 16
+    assert fit.intercept == pytest.approx(a, rel=1e-6)

@@ -97,6 +97,30 @@ def test_planner_moves_down_when_a_fast_worker_leaves():
         assert fewer < both / 1.4 and p.changes == 2
 
 
+def test_planner_moves_only_where_every_possible_throughput_agrees():
+    """A low noise scale and a fixed cost not known yet: the linear model (no fixed cost)
+    makes B=16 look as fast per sample, and goodput the best; with the largest fixed cost
+    still possible it is far slower. Given both (``also``), the planner does not move
+    down; with the fixed cost known (one model) it moves to the best B of that one."""
+    phi = 40.0
+    linear = goodput.iteration_model("hetero", _model([3000, 1000], fixed=0.0), 0.0005)
+    heavy = goodput.iteration_model("hetero", _model([3000, 1000], fixed=0.2), 0.0005)
+    assert goodput.GoodputPlanner(16, 1024, 64).update(linear, phi, force=True) == 16
+    p = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
+    for _ in range(5):
+        assert p.update(linear, phi, (35.0, 45.0), also=[heavy]) == 64
+    assert p.changes == 0
+    best = goodput.GoodputPlanner(16, 1024, 64).update(heavy, phi, force=True)
+    assert best > 64
+    assert p.update(heavy, phi, (35.0, 45.0)) == best
+    # an up move that both ends agree on (a push/pull of 10 ms) is taken while the cost
+    # is unknown
+    linear = goodput.iteration_model("hetero", _model([3000, 1000], fixed=0.0), 0.01)
+    heavy = goodput.iteration_model("hetero", _model([3000, 1000], fixed=0.2), 0.01)
+    q = goodput.GoodputPlanner(16, 1024, 64, min_interval=1)
+    assert q.update(linear, 20000.0, (18000.0, 22000.0), also=[heavy]) > 64
+
+
 def test_vectorised_iteration_times_are_the_integer_splits_within_a_sample():
     rng = np.random.default_rng(1)
     for n in (2, 3, 7):

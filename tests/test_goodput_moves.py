@@ -5,6 +5,7 @@ throughput model."""
 import math
 
 import numpy as np
+import pytest
 
 from mxlbbsp.worker.session import Session
 
@@ -63,8 +64,8 @@ def test_a_noise_scale_that_grows_tenfold_in_an_epoch_raises_b_more_than_twice(c
     """phi grows from 40 to 400 over the first 16 000 samples of a 64 000-sample epoch: B
     follows it up, step after step, within the epoch (a cap of changes per epoch froze it
     after two moves). The smoothed estimate lags the true phi by a few thousand samples,
-    hence the long epoch. Counted after the start-up (iteration 20), where B first goes down
-    while the workers' fixed costs are not known yet, and comes back."""
+    hence the long epoch. Counted after the start-up (iteration 20), where B probes one
+    candidate below and above B0 while the workers' fixed costs are not known yet."""
     epoch = 64000
     c = coordinator(N_WORKERS, sync="goodput", predictor="last",
                     sync_options={"batch_range": "16:1024"})
@@ -101,3 +102,22 @@ def test_b_comes_down_when_a_fast_worker_leaves_the_throughput_model(coordinator
     # down within a few iterations (the predictor's and the planner's), far down
     assert min(soon[:10]) < before[0] and min(soon) < before[0] / 1.5, (before, soon)
     assert max(after) < before[0], (before, after)   # and it stays down
+
+
+@pytest.mark.parametrize("phi, near", [(40.0, (54, 128)), (300.0, (152, 362))])
+def test_b_does_not_fall_to_the_range_minimum_before_the_fixed_costs_are_known(
+        coordinator, phi, near):
+    """A steady noise scale on workers with a large fixed cost per iteration (2 s against
+    0.8 s of samples at B0): goodput B / (2 + B/80) x (phi + 64) / (phi + B) peaks at
+    B = sqrt(2 x 80 x phi), about 80 at phi = 40 and 220 at 300. The linear model of the
+    first iterations, which has not seen the fixed costs, puts it at the range's minimum
+    (16), where this mode used to go at its first plan. Now B probes around B0 (one
+    candidate below and above, in turn) until the fit knows the costs, moves only where
+    every fixed cost still possible agrees, and then goes near the optimum."""
+    c = coordinator(N_WORKERS, sync="goodput", predictor="last",
+                    sync_options={"batch_range": "16:1024"})
+    recs = _run(c, 80, lambda samples: phi, lambda t: SPEEDS)
+    batches = [recs[t]["global_batch"] for t in sorted(recs)]
+    assert min(batches) >= 45, batches                 # never near the minimum
+    assert len(set(batches[2:16])) > 1, batches         # it probed
+    assert all(near[0] <= b <= near[1] for b in batches[50:79]), batches

@@ -310,6 +310,12 @@ class SpeedModel:
             marginal = self._alike(batch, compute, marginal)
         return _tm.TimeModel(marginal, fixed)
 
+    @property
+    def per_worker(self) -> bool:
+        """Whether the models are each worker's own line (False in ``auto``'s fixed-cost
+        regime, whose equal or alike speeds serve the split, not a time at another batch)."""
+        return not (self.kind == "auto" and self.regime.fixed_dominates)
+
     def _observe(self, t: int, speed: np.ndarray, exog: np.ndarray,
                  forecast: Optional[tuple]) -> None:
         """The predictor here observes its workers (all of them, or after a hand-off those

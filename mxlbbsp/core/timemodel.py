@@ -267,10 +267,13 @@ class FixedCostFit:
     medians, then least squares on the inliers: a passing tenant's slow iteration does not
     set it), the intercept the median of t - slope * b, within [0, ``max_share`` x its least
     time]. Only a worker whose batch sizes in the window varied by ``min_spread`` of their
-    mean or more (an epoch's short last batch, a change of the global batch) can show it;
+    mean or more, 3 of them or more that far from the median (epochs' short last batches, a
+    change of the global batch), can show it;
     until then, and when a fit gives no positive slope, the last estimate stays (0 at
-    first: the linear model). Refitted every ``every`` observations (each fit costs about
-    half a millisecond per worker at a window of 128).
+    first: the linear model). ``known`` says which workers' costs a fit has set. Refitted
+    every ``every`` observations (each fit costs about half a millisecond per worker at a
+    window of 128), and at every observation while a worker's cost is not known yet, so
+    that it is known as soon as its batch sizes have varied.
     """
 
     def __init__(self, num_workers: int, window: int = 128, min_spread: float = 0.1,
@@ -281,23 +284,37 @@ class FixedCostFit:
         self._t = np.full((num_workers, window), np.nan)
         self._seen = 0
         self.intercept = np.zeros(num_workers)
+        #: the workers whose fixed cost a fit has set (the others' 0 is only a default)
+        self.known = np.zeros(num_workers, dtype=bool)
 
     def observe(self, batch, seconds) -> None:
         col = self._seen % self.window
         self._b[:, col] = batch
         self._t[:, col] = seconds
         self._seen += 1
-        if self._seen % self.every == 0:
-            self._refit()
+        due = self._seen % self.every == 0
+        if due or not self.known.all():
+            self._refit(due)
 
-    def _refit(self) -> None:
-        for i in range(len(self.intercept)):
-            ok = np.isfinite(self._b[i]) & np.isfinite(self._t[i]) & (self._t[i] > 0)
+    def _refit(self, due: bool = True) -> None:
+        """Refit every worker (``due``) or only those whose cost is not known yet."""
+        ok_all = np.isfinite(self._b) & np.isfinite(self._t) & (self._t > 0)
+        count = ok_all.sum(axis=1)
+        per = np.maximum(count, 1)
+        mean = np.where(ok_all, self._b, 0.0).sum(axis=1) / per
+        spread = np.sqrt(np.where(ok_all, (self._b - mean[:, None]) ** 2, 0.0).sum(axis=1)
+                         / per)
+        # only the workers whose batch sizes varied can show a fixed cost
+        varied = (count >= 8) & (spread >= self.min_spread * mean)
+        for i in np.flatnonzero(varied & (due | ~self.known)):
+            ok = ok_all[i]
             b, t = self._b[i, ok], self._t[i, ok]
-            if len(b) < 8 or np.std(b) < self.min_spread * np.mean(b):
-                continue
+            middle = float(np.median(b))
+            if np.count_nonzero(np.abs(b - middle) >= self.min_spread * middle) < 3:
+                continue          # 3 or more away from the middle, not one short last batch
             slope, _ = pooled_slope(b[None, :], t[None, :], np.ones((1, len(b)), bool))
             if not (np.isfinite(slope) and slope > 0):
                 continue
             level = float(np.median(t - slope * b))
             self.intercept[i] = min(max(level, 0.0), self.max_share * float(t.min()))
+            self.known[i] = True

@@ -23,14 +23,22 @@ FixedCostFit``), for the throughput only (the split itself keeps the split's mod
 split's default linear model reads a fixed cost as slowness, which makes a small B look
 cheaper than it is (seen on the digits MLP: predicted 19 ms at B=32 where 22 were measured,
 67 ms at B=128 where 59 were), and moved B too far down. The fit needs batch sizes
-that varied (the epoch's short last batch, a change of B); until then the cost is the split
-model's (0 for the linear model). The push/pull time is the least any worker measured in an
-iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
+that varied; so while a worker's cost is not known yet and B has not moved, B probes around
+the start B (the candidates next below and above it, in turn, for at most ``EXPLORE``
+iterations: the local batches vary by about a fifth, at a goodput within a few per cent),
+and the fit looks at every iteration until it knows each cost. Where ``auto``'s fixed-cost
+regime gives the split equal or alike speeds, the throughput starts from the measured
+compute times instead of the split's model. The push/pull time is the least any worker
+measured in an iteration (see :class:`~mxlbbsp.modes.lbbsp.BatchChoosingPolicy`).
 
 Stability: B moves when the planner sees a candidate whose goodput beats the current
 B's by more than ``GoodputPlanner.MIN_GAIN`` wherever the noise scale lies within its error
 bar (``NoiseScale.noise_scale_range``), then to the best such candidate, up or down, at most
-once per ``every`` iterations (:class:`GoodputPlanner`): the rate is limited by evidence and
+once per ``every`` iterations (:class:`GoodputPlanner`). While a fixed cost is not known,
+the throughput has an error bar too: the move must also win with each such cost at its
+largest possible value (0.8 of the worker's time; its default is 0), so that an unseen fixed
+cost cannot make a small B look cheap (every job used to go to the range's minimum at its
+first plan, 6 iterations in, and creep back). The rate is limited by evidence and
 time, not by epochs, so B follows a noise scale that keeps growing, and comes down when the
 noise scale falls or the throughput model changes (a worker slows down, or leaves). Before
 the noise scale (with its error bar) and the push/pull time are known (the first
@@ -95,16 +103,25 @@ FIT_EVERY = 16
 #: ``every`` iterations, 4 by default): less of the coordinator's time per iteration, which
 #: on a loaded machine is what the workers wait for
 PLAN_EVERY = 4
+#: at most this many iterations probe around the start B while a worker's fixed cost is
+#: not known (the fit needs batch sizes that vary; ``GoodputPolicy._exploring``)
+EXPLORE = 32
 #: the message that carries the learning-rate factor of an iteration (adascale)
 LR_MESSAGE = "lr"
 
 
-def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split) -> _tm.TimeModel:
+def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split,
+                     now=None) -> _tm.TimeModel:
     """``model`` with each worker's fixed cost ``fixed`` (seconds; where ``model`` has none),
-    its time at its batch in ``split`` unchanged: a_i within [0, 0.8 t_i(b_i)], and the rest
+    its time at its batch in ``split`` unchanged (or ``now``, the measured times, where the
+    model's times are not each worker's own): a_i within [0, 0.8 t_i(b_i)], and the rest
     of t_i(b_i) over b_i samples the marginal speed."""
     b = np.maximum(np.asarray(split, dtype=float), 1.0)
-    now = model.time(b)
+    if now is None:
+        now = model.time(b)
+    else:
+        now = np.asarray(now, dtype=float)
+        model = _tm.TimeModel(b / now, np.zeros(len(b)))
     a = np.where(model.intercept > 0, model.intercept,
                  np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
     return _tm.TimeModel(b / np.maximum(now - a, 1e-12), a)
@@ -217,11 +234,13 @@ class GoodputPlanner:
                 for b, it, r, e in zip(batches, times, thr, eff)]
 
     def update(self, iteration_s, phi: float, phi_range=None, iteration: Optional[int] = None,
-               force: bool = False) -> int:
+               force: bool = False, also=()) -> int:
         """The batch of the next iteration, given B -> iteration time (a callable, or an
         :class:`IterationModel`), phi and its error bar ``phi_range`` (low, high; None: phi
         is taken as exact); ``iteration``: the one being planned (default: the count of
-        plans), which ``min_interval`` counts in."""
+        plans), which ``min_interval`` counts in. ``also``: other B -> iteration time
+        models the throughput may be as well (the ends of its own uncertainty: a fixed cost
+        not known yet); a move must beat the current B under each of them too."""
         self.plans += 1
         now = self.plans if iteration is None else int(iteration)
         batches, times, thr = self._scores(iteration_s, phi)
@@ -237,11 +256,13 @@ class GoodputPlanner:
         worst = np.full(len(batches), np.inf)
         ends = [phi] + [x for x in (phi_range or ()) if not (isinstance(x, float)
                                                               and math.isnan(x))]
+        throughputs = [thr] + [self._scores(other, phi)[2] for other in also]
         for end in ends:
-            g = self._goodput(batches, thr, end)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(g[here] > 0, g / g[here], np.where(g > 0, np.inf, 1.0))
-            worst = np.minimum(worst, ratio)
+            for rate in throughputs:
+                g = self._goodput(batches, rate, end)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = np.where(g[here] > 0, g / g[here], np.where(g > 0, np.inf, 1.0))
+                worst = np.minimum(worst, ratio)
         better = worst > 1.0 + self.min_gain
         if better.any():
             pick = int(np.argmax(np.where(better, good, -np.inf)))
@@ -293,6 +314,9 @@ class GoodputPolicy(BatchChoosingPolicy):
         self._to_plan: Optional[tuple] = None
         #: the iteration the planner chose for last (it plans every PLAN_EVERY iterations)
         self._planned: Optional[int] = None
+        #: the first iteration that could probe around the start B (``_exploring``)
+        self._explore_from: Optional[int] = None
+        self._probes = 0
         #: iteration -> {rank: (local batch, |local gradient sum|^2)}, and the global one
         self._local: Dict[int, Dict[int, tuple]] = {}
         self._global: Dict[int, float] = {}
@@ -344,14 +368,14 @@ class GoodputPolicy(BatchChoosingPolicy):
 
     # ---- iterations --------------------------------------------------------------------
 
-    def _observe_times(self) -> Optional[np.ndarray]:
+    def _observe_times(self):
         """The decided iteration's batches and compute times (the coordinator's) into the
-        fit; the batches (None when a compute time is not finite)."""
+        fit; (batches, compute times), None when a compute time is not finite."""
         batch, compute = self.coordinator.measured
         if not np.isfinite(compute).all():
             return None
         self.fit.observe(batch, compute)
-        return batch
+        return batch, compute
 
     def plan(self, t, model, next_B, in_force):
         """The split of t+1+ahead at the B the planner chose last time, sent at once; the
@@ -360,9 +384,37 @@ class GoodputPolicy(BatchChoosingPolicy):
         target = t + 1 + self.ahead
         B = self.totals.get(target - 1, self.lo) if self.planner is None \
             else self.planner.current
+        if self._exploring(target, model):
+            B = self._probe(target)
         split = self._split_and_send(t, model, B, next_B)
         self._to_plan = (t, model, split)
         return split
+
+    def _unknown(self, model) -> np.ndarray:
+        """The workers whose fixed cost neither the split's model nor the fit knows."""
+        return ~self.fit.known & ~(np.asarray(model.intercept) > 0)
+
+    def _exploring(self, target: int, model) -> bool:
+        """Whether B(target) probes around the start B: while a worker's fixed cost is not
+        known, B has not moved yet, and for at most ``EXPLORE`` iterations."""
+        if self.planner is None or self.planner.changes or self.lo >= self.hi:
+            return False
+        if self._explore_from is None:
+            self._explore_from = target
+        return target - self._explore_from < EXPLORE and bool(self._unknown(model).any())
+
+    def _probe(self, target: int) -> int:
+        """The candidate next below the current B and the one next above it, in turn, one
+        per split sent (the current B where there is none): the local batch sizes vary by about a fifth,
+        which the fit needs, at a goodput within a few per cent of the current B's."""
+        cands = self.planner.batches
+        now = self.planner.current
+        below = cands[(cands < now) & (cands >= self.least)]
+        above = cands[cands > now]
+        self._probes += 1             # in turn per split sent (a lease holds one for several)
+        if self._probes % 2:
+            return int(below[-1]) if len(below) else now
+        return int(above[0]) if len(above) else now
 
     def after_split(self, t: int) -> None:
         """The planner's next choice from what iteration t measured (the split of t+1+ahead
@@ -374,20 +426,34 @@ class GoodputPolicy(BatchChoosingPolicy):
         self._to_plan = None
         target = t + 1 + self.ahead
         # the split goes by the split's model; the throughput, with the fixed costs
-        batches = self._observe_times()
+        measured = self._observe_times()
         note = self.noted.setdefault(target, {})
         for old in [k for k in self.noted if k < t - 64]:
             del self.noted[old]
         phi = self.phi
         if self._planned is not None and target - self._planned < PLAN_EVERY:
             return
-        if batches is not None:
-            model = with_fixed_costs(model, self.fit.intercept, batches)
+        also = []
+        if measured is not None:
+            batches, compute = measured
+            # where the split's model is not each worker's own line (auto's fixed-cost
+            # regime: equal or alike speeds), the throughput starts from the measured times
+            now = None if getattr(self.coordinator.speed, "per_worker", True) else compute
+            unknown = self._unknown(model)
+            if unknown.any():
+                # the other end of what the fixed costs not known yet may be: the fit's
+                # largest share of each one's time (with_fixed_costs' bound)
+                high = with_fixed_costs(model, np.where(unknown, np.inf, self.fit.intercept),
+                                        batches, now)
+                also.append(high)
+            model = with_fixed_costs(model, self.fit.intercept, batches, now)
             note["fixed_share"] = float(np.mean(model.intercept / model.time(batches)))
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
-            fn = iteration_model(self.kind, model, self.sync_s,
-                                 self.coordinator.balancer.max_batch, self.least)
-            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target)
+            max_batch = self.coordinator.balancer.max_batch
+            fn = iteration_model(self.kind, model, self.sync_s, max_batch, self.least)
+            self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target,
+                                also=[iteration_model(self.kind, m, self.sync_s, max_batch,
+                                                      self.least) for m in also])
             self._planned = target
         row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
