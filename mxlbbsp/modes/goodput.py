@@ -391,8 +391,16 @@ class GoodputPolicy(BatchChoosingPolicy):
         return split
 
     def _unknown(self, model) -> np.ndarray:
-        """The workers whose fixed cost neither the split's model nor the fit knows."""
+        """The workers whose fixed cost neither the split's model nor the fit knows (the
+        fit alone where the split's model is not each worker's own: auto's fixed-cost
+        regime, whose common line the throughput does not start from)."""
+        if not self._per_worker:
+            return ~self.fit.known
         return ~self.fit.known & ~(np.asarray(model.intercept) > 0)
+
+    @property
+    def _per_worker(self) -> bool:
+        return bool(getattr(self.coordinator.speed, "per_worker", True))
 
     def _exploring(self, target: int, model) -> bool:
         """Whether B(target) probes around the start B: while a worker's fixed cost is not
@@ -438,7 +446,7 @@ class GoodputPolicy(BatchChoosingPolicy):
             batches, compute = measured
             # where the split's model is not each worker's own line (auto's fixed-cost
             # regime: equal or alike speeds), the throughput starts from the measured times
-            now = None if getattr(self.coordinator.speed, "per_worker", True) else compute
+            now = None if self._per_worker else compute
             unknown = self._unknown(model)
             if unknown.any():
                 # the other end of what the fixed costs not known yet may be: the fit's
