@@ -241,3 +241,29 @@ def test_fixed_cost_fit_knows_a_cost_as_soon_as_the_batches_vary():
             break
     assert fit.known.all() and 5 + k + 1 < 16
     assert fit.intercept == pytest.approx(a, rel=1e-6)
+
+
+def test_fixed_cost_fit_refits_many_workers_a_group_at_a_time():
+    """At 320 workers one observation refits at most ``rows`` known workers (a group in
+    turn) and ``rows`` not known yet; every worker still gets its cost, and a cost that
+    changes later is seen by every worker within one turn of the groups."""
+    n, rows = 320, 32
+    rng = np.random.default_rng(3)
+    fit = _tm.FixedCostFit(n, window=32, every=4, rows=rows)
+    a, c = rng.uniform(0.005, 0.02, n), rng.uniform(0.0005, 0.002, n)
+
+    def observe(a):
+        b = rng.integers(20, 40, n).astype(float)
+        before = fit.intercept.copy()
+        fit.observe(b, a + c * b)
+        return int(np.count_nonzero(fit.intercept != before))
+
+    changed = [observe(a) for _ in range(40)]
+    assert max(changed) <= 2 * rows < n
+    assert fit.known.all() and fit.intercept == pytest.approx(a, rel=1e-6)
+    a2 = a * 2                                          # every cost doubles
+    for _ in range(fit.window):                         # the window forgets the old ones
+        changed.append(observe(a2))
+    changed = [observe(a2) for _ in range(10)]          # one turn: 10 groups of 32
+    assert max(changed) <= rows
+    assert fit.intercept == pytest.approx(a2, rel=1e-6)

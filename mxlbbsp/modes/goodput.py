@@ -118,11 +118,10 @@ def with_fixed_costs(model: _tm.TimeModel, fixed: np.ndarray, split,
     of t_i(b_i) over b_i samples the marginal speed."""
     b = np.maximum(np.asarray(split, dtype=float), 1.0)
     if now is None:
-        now = model.time(b)
+        now, own = model.time(b), np.asarray(model.intercept, dtype=float)
     else:
-        now = np.asarray(now, dtype=float)
-        model = _tm.TimeModel(b / now, np.zeros(len(b)))
-    a = np.where(model.intercept > 0, model.intercept,
+        now, own = np.asarray(now, dtype=float), np.zeros(len(b))
+    a = np.where(own > 0, own,
                  np.clip(np.nan_to_num(np.asarray(fixed, dtype=float)), 0.0, 0.8 * now))
     return _tm.TimeModel(b / np.maximum(now - a, 1e-12), a)
 
@@ -384,8 +383,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         target = t + 1 + self.ahead
         B = self.totals.get(target - 1, self.lo) if self.planner is None \
             else self.planner.current
-        if self._exploring(target, model):
-            B = self._probe(target)
+        if self._exploring(target, self._unknown(model)):
+            B = self._probe()
         split = self._split_and_send(t, model, B, next_B)
         self._to_plan = (t, model, split)
         return split
@@ -402,16 +401,16 @@ class GoodputPolicy(BatchChoosingPolicy):
     def _per_worker(self) -> bool:
         return bool(getattr(self.coordinator.speed, "per_worker", True))
 
-    def _exploring(self, target: int, model) -> bool:
+    def _exploring(self, target: int, unknown: np.ndarray) -> bool:
         """Whether B(target) probes around the start B: while a worker's fixed cost is not
         known, B has not moved yet, and for at most ``EXPLORE`` iterations."""
         if self.planner is None or self.planner.changes or self.lo >= self.hi:
             return False
         if self._explore_from is None:
             self._explore_from = target
-        return target - self._explore_from < EXPLORE and bool(self._unknown(model).any())
+        return target - self._explore_from < EXPLORE and bool(unknown.any())
 
-    def _probe(self, target: int) -> int:
+    def _probe(self) -> int:
         """The candidate next below the current B and the one next above it, in turn, one
         per split sent (the current B where there is none): the local batch sizes vary by about a fifth,
         which the fit needs, at a goodput within a few per cent of the current B's."""
@@ -447,7 +446,7 @@ class GoodputPolicy(BatchChoosingPolicy):
             # where the split's model is not each worker's own line (auto's fixed-cost
             # regime: equal or alike speeds), the throughput starts from the measured times
             now = None if self._per_worker else compute
-            unknown = self._unknown(model)
+            unknown = self._unknown(model)         # after this iteration's observation
             if unknown.any():
                 # the other end of what the fixed costs not known yet may be: the fit's
                 # largest share of each one's time (with_fixed_costs' bound)
