@@ -121,3 +121,20 @@ def test_b_does_not_fall_to_the_range_minimum_before_the_fixed_costs_are_known(
     assert min(batches) >= 45, batches                 # never near the minimum
     assert len(set(batches[2:16])) > 1, batches         # it probed
     assert all(near[0] <= b <= near[1] for b in batches[50:79]), batches
+
+
+def test_b_does_not_follow_a_throughput_that_flips_from_one_plan_to_the_next(coordinator):
+    """A steady noise scale; the workers' speeds flip between 10x their own and the fast
+    one's a 30th every 4 iterations (the planner's period), as one plan's throughput model
+    can on a loaded machine: each plan's model alone would move B up and down again (the
+    two alone give B near 700 and near 110); a move must also hold under the last plan's
+    model, and here none does after the start-up."""
+    c = coordinator(N_WORKERS, sync="goodput", predictor="last",
+                    sync_options={"batch_range": "16:1024"})
+    fast, slow = (SPEEDS[0] * 10, SPEEDS[1] * 10), (SPEEDS[0] / 30, SPEEDS[1])
+    recs = _run(c, 160, lambda samples: 300.0,
+                lambda t: fast if (t // 4) % 2 == 0 else slow)
+    batches = [recs[t]["global_batch"] for t in sorted(recs)]
+    later = batches[60:159]
+    moves = sum(1 for a, b in zip(later, later[1:]) if a != b)
+    assert moves <= 2, batches

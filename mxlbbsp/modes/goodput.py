@@ -38,7 +38,11 @@ once per ``every`` iterations (:class:`GoodputPlanner`). While a fixed cost is n
 the throughput has an error bar too: the move must also win with each such cost at its
 largest possible value (0.8 of the worker's time; its default is 0), so that an unseen fixed
 cost cannot make a small B look cheap (every job used to go to the range's minimum at its
-first plan, 6 iterations in, and creep back). The rate is limited by evidence and
+first plan, 6 iterations in, and creep back). And it must win under the last plan's
+throughput model as well as this one's: on a loaded machine a worker with a sample or two
+of the batch shows almost only its fixed cost, and one plan's model could make B=128 look
+best where the next one's made it 38 (seen: 13 moves in 105 iterations of a digits MLP at
+1:1:3 beside two busy loops, 2-6 with this). The rate is limited by evidence and
 time, not by epochs, so B follows a noise scale that keeps growing, and comes down when the
 noise scale falls or the throughput model changes (a worker slows down, or leaves). Before
 the noise scale (with its error bar) and the push/pull time are known (the first
@@ -311,6 +315,8 @@ class GoodputPolicy(BatchChoosingPolicy):
         self.fit = _tm.FixedCostFit(self.num_workers, window=FIT_WINDOW, every=FIT_EVERY)
         #: (iteration, time models, split sent) for after_split
         self._to_plan: Optional[tuple] = None
+        #: the last plan's B -> iteration time (a move must win under it too)
+        self._last_fn: Optional[IterationModel] = None
         #: the iteration the planner chose for last (it plans every PLAN_EVERY iterations)
         self._planned: Optional[int] = None
         #: the first iteration that could probe around the start B (``_exploring``)
@@ -458,9 +464,14 @@ class GoodputPolicy(BatchChoosingPolicy):
         if self.sync_s is not None and self.planner is not None and math.isfinite(phi):
             max_batch = self.coordinator.balancer.max_batch
             fn = iteration_model(self.kind, model, self.sync_s, max_batch, self.least)
+            others = [iteration_model(self.kind, m, self.sync_s, max_batch, self.least)
+                      for m in also]
+            if self._last_fn is not None:
+                # the last plan's throughput too: a move must hold on two plans' evidence
+                others.append(self._last_fn)
             self.planner.update(fn, phi, self.noise.noise_scale_range, iteration=target,
-                                also=[iteration_model(self.kind, m, self.sync_s, max_batch,
-                                                      self.least) for m in also])
+                                also=others)
+            self._last_fn = fn
             self._planned = target
         row = self.planner.row(int(np.sum(split))) if self.planner is not None else None
         if self.noise is not None and self.noise.known:
