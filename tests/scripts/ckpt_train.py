@@ -2,14 +2,17 @@
 every worker saves its own parameters at the end (BatchNorm statistics included).
 
     ckpt_train.py OUT_DIR [--bn] [--epochs E] [--batch-size B] [--die-at T] [--lr-decay]
+                  [--sleep S]
 
 ``--bn``: a conv net with BatchNorm (else an MLP). ``--die-at T``: rank 1 exits with code 9
 after iteration T, once (a marker file in OUT_DIR), to test --restarts. ``--lr-decay``: a
-learning-rate schedule, whose position the checkpoint must carry. Files: OUT_DIR/rank<r>.params
+learning-rate schedule, whose position the checkpoint must carry. ``--sleep S``: S seconds
+more per iteration, so that a test can act mid-run however fast the machine is. Files: OUT_DIR/rank<r>.params
 (OUT_DIR/single.params in a single process).
 """
 import argparse
 import os
+import time
 
 import numpy as np
 import mxnet as mx
@@ -26,6 +29,7 @@ p.add_argument("--batch-size", type=int, default=64)
 p.add_argument("--die-at", type=int, default=-1)
 p.add_argument("--lr-decay", action="store_true")
 p.add_argument("--hidden", type=int, default=32)
+p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--freeze-conv", action="store_true",
                help="lr_mult 0 on the conv layer: the BatchNorm statistics then depend only "
                "on the data, so a single process must reach the same running mean")
@@ -66,6 +70,8 @@ for epoch in range(args.epochs):
             open(marker, "w").close()
             os._exit(9)
         iteration += 1
+        if args.sleep:
+            time.sleep(args.sleep)
         if os.environ.get("CKPT_DEBUG"):
             print("dbg", iteration, len(data), [float(v.data().norm().asscalar()) for v in trainer._params])
 name = f"rank{mxlbbsp.rank()}" if mxlbbsp.num_workers() > 1 else "single"
