@@ -3,6 +3,9 @@
     --impl plain     gluon.Trainer(kvstore="dist_sync") and a fixed per-worker batch B/n from
                      a gluon DataLoader over this worker's shard: the plain MXNet script,
                      started by the benchmark's own DMLC launcher (the DMLC_* variables)
+    --impl plain-local  the same with gluon.Trainer(update_on_kvstore=False): every worker
+                     runs the optimizer on the summed gradients, as mxlbbsp does, where the
+                     default runs it on the servers
     --impl mxlbbsp   mxlbbsp.DataLoader(global_batch_size=B) and mxlbbsp.Trainer, step()
                      without a batch size: the same loop converted, under `mxlbbsp launch`
 
@@ -35,7 +38,7 @@ MODELS = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--impl", choices=["plain", "mxlbbsp"], required=True)
+    p.add_argument("--impl", choices=["plain", "plain-local", "mxlbbsp"], required=True)
     p.add_argument("--model", choices=sorted(MODELS), default="mlp256")
     p.add_argument("--batch-size", type=int, default=64, help="global batch B")
     p.add_argument("--iterations", type=int, default=200, help="timed iterations")
@@ -87,11 +90,12 @@ def main(argv=None) -> int:
     train = data(args.samples, shape)
     B = args.batch_size
     opt = {"learning_rate": 0.01, "momentum": 0.9}
-    if args.impl == "plain":
+    if args.impl != "mxlbbsp":
         n = int(os.environ["DMLC_NUM_WORKER"])
         kv = mx.kv.create("dist_sync")
         rank = kv.rank
-        trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
+        trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv,
+                                update_on_kvstore=False if args.impl == "plain-local" else None)
         loader = gluon.data.DataLoader(train.shard(n, rank), batch_size=B // n, shuffle=True,
                                        last_batch="discard")
 

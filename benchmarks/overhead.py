@@ -7,7 +7,9 @@ variables set by hand for a scheduler, a server and the workers, each a process 
 MXNet's dmlc_tracker crashes on Python 3.9+), and with mxlbbsp (``mxlbbsp.DataLoader``,
 ``mxlbbsp.Trainer``) under ``mxlbbsp launch`` in each sync mode. 2 equal workers, 1 server,
 global batch 64, on this machine; the arms of a model interleaved round by round (ABBA), the
-ratio to plain taken per round, its median reported.
+ratio to plain taken per round, its median reported. ``--plain-local`` adds the plain script
+with ``update_on_kvstore=False`` (``plain-local``): the default runs the optimizer on the
+servers, mxlbbsp runs it on every worker, and this arm tells the two costs apart.
 
 Models from about 1 ms to about 200 ms per iteration: three-layer MLPs of width 64 (8x8
 inputs), 256 (3x16x16) and 1024 (3x32x32), a small CNN (two 3x3 conv blocks, 16 and 32
@@ -31,6 +33,7 @@ script that only creates the dist_sync kvstore, and one that never does (``print
     python benchmarks/overhead.py                          # everything (~25 min)
     python benchmarks/overhead.py --models mlp256,resnet20 --rounds 3
     python benchmarks/overhead.py --arm "lbbsp-nosignals=--sync lbbsp --signals none"
+    python benchmarks/overhead.py --models mlp64,mlp256 --rounds 3 --plain-local --no-fixed-cost
     python benchmarks/overhead.py --tag before             # results/overhead_before.*
     python benchmarks/overhead.py --baseline 5917e88       # and the code of 5917e88, NAME@REV
 
@@ -62,6 +65,9 @@ MODELS = ["mlp64", "mlp256", "mlp1024", "cnn", "resnet20"]
 ITERATIONS = {"mlp64": 400, "mlp256": 300, "mlp1024": 60, "cnn": 120, "resnet20": 40}
 #: the arms: name -> `mxlbbsp launch` options (None: the plain script and launcher)
 ARMS = {"plain": None, "lbbsp": ["--sync", "lbbsp"], "bsp": ["--sync", "bsp"]}
+#: the arms of the plain launcher and their --impl of _overhead_train.py (``--plain-local``:
+#: the plain script with every worker running the optimizer, as mxlbbsp's do)
+PLAIN_IMPLS = {"plain": "plain", "plain-local": "plain-local"}
 PHASES = ("loop", "alloc", "compute", "engine", "report", "slot", "push", "update", "bn",
           "pull", "done")
 WORKERS = 2
@@ -227,7 +233,7 @@ def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
     train = tree / "benchmarks" / "_overhead_train.py"
     if not train.exists():          # a --baseline from before this benchmark: no timeline
         train = TRAIN
-    argv = [C.PY, str(train), "--impl", "plain" if options is None else "mxlbbsp",
+    argv = [C.PY, str(train), "--impl", PLAIN_IMPLS[arm] if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
     with tempfile.TemporaryDirectory() as tmp:
         if options is None:
@@ -297,10 +303,15 @@ def fixed_cost(rounds: int, trees: Dict[str, Path]) -> dict:
     return out
 
 
-def parse_arms(extra: List[str], names: Optional[str]) -> Dict[str, Optional[List[str]]]:
+def parse_arms(extra: List[str], names: Optional[str],
+               plain_local: bool = False) -> Dict[str, Optional[List[str]]]:
     arms = dict(ARMS)
     if names:
-        arms = {"plain": None, **{n: ["--sync", n] for n in names.split(",") if n != "plain"}}
+        arms = {"plain": None, **{n: ["--sync", n] for n in names.split(",")
+                                  if n not in PLAIN_IMPLS}}
+    if plain_local:
+        arms = {"plain": None, "plain-local": None,
+                **{a: o for a, o in arms.items() if a != "plain"}}
     for spec in extra:
         name, _, opts = spec.partition("=")
         if not name or not opts:
@@ -315,6 +326,10 @@ def main(argv=None) -> int:
                    help=f"comma-separated, of {', '.join(MODELS)}")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--arms", help="sync modes to run besides plain (default lbbsp,bsp)")
+    p.add_argument("--plain-local", action="store_true",
+                   help="one more plain arm: gluon.Trainer(update_on_kvstore=False), every "
+                        "worker running the optimizer as mxlbbsp's do (the default plain "
+                        "script runs it on the servers)")
     p.add_argument("--arm", action="append", default=[],
                    help="one more arm, NAME=`mxlbbsp launch` options (repeatable)")
     p.add_argument("--iterations", type=float, default=1.0,
@@ -341,7 +356,7 @@ def measure(args, baseline: Optional[Path]) -> int:
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
-    arms = parse_arms(args.arm, args.arms)
+    arms = parse_arms(args.arm, args.arms, args.plain_local)
     trees = {a: C.ROOT for a in arms}
     if baseline is not None:
         for a, opts in list(arms.items()):
