@@ -238,15 +238,18 @@ def test_equal_split_bounds_hold_the_time_at_the_equal_batch_whatever_the_fixed_
 
 def test_nanmedian_last_is_numpys_nanmedian_without_its_cost():
     """balancer.nanmedian_last (on the coordinator's critical path) gives np.nanmedian's
-    numbers along the last axis, NaN for a row with nothing left, for 1-, 2- and 3-D input."""
+    numbers along the last axis, NaN for a row with nothing left, for 1-, 2- and 3-D input,
+    with NaNs and without (its shortcut)."""
     import warnings
     from mxlbbsp.core.timemodel import nanmedian_last
     rng = np.random.default_rng(0)
-    for shape in [(7,), (8,), (5, 6), (3, 4, 9)]:
-        x = rng.normal(size=shape)
-        x[rng.random(shape) < 0.3] = np.nan
-        if len(shape) > 1:
-            x[(0,) * (len(shape) - 1)] = np.nan          # a row with nothing left
+    for shape, nans in itertools.product([(1,), (7,), (8,), (5, 6), (2, 8), (3, 4, 9)],
+                                         [True, False]):
+        x = rng.normal(size=shape) * 10.0 ** rng.uniform(-6, 3)
+        if nans:
+            x[rng.random(shape) < 0.3] = np.nan
+            if len(shape) > 1:
+                x[(0,) * (len(shape) - 1)] = np.nan      # a row with nothing left
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             expected = np.nanmedian(x, axis=-1)

@@ -44,6 +44,9 @@ def nanmedian_last(x) -> np.ndarray:
     those: ~1 ms a call, and the coordinator makes several per iteration before it can send
     the next split)."""
     x = np.sort(np.asarray(x, dtype=float), axis=-1)     # NaNs sort last
+    k = x.shape[-1]
+    if k and not np.isnan(x[..., -1]).any():             # no NaN (the usual case): the
+        return (x[..., (k - 1) // 2] + x[..., k // 2]) / 2   # same sums, a third the cost
     count = (~np.isnan(x)).sum(axis=-1)
     rows = x.reshape(-1, x.shape[-1])                    # plain indexing: take_along_axis
     pick = np.arange(len(rows))                          # costs ~100 us more per call
@@ -238,18 +241,23 @@ class AffineFit:
         than 8 observations (or ``recent``) to go by."""
         b, t = self._b, self._t
         if recent is not None and recent < self.window:
-            cols = [(self._next - 1 - k) % self.window for k in range(recent)]
+            cols = (self._next - 1 - np.arange(recent)) % self.window
             b, t = b[:, cols], t[:, cols]
         valid = np.isfinite(b) & np.isfinite(t) & (t > 0) & (b > 0)
-        if valid.sum(axis=1).min() < min(b.shape[1], 8):
+        full = bool(valid.all())        # the usual case: no mask to apply
+        if not full and valid.sum(axis=1).min() < min(b.shape[1], 8):
             nan = np.full(len(b), np.nan)       # too few observations to tell
             return nan, nan
+        # (the coordinator calls this every iteration: plain floats and one median call
+        # for both bounds, the same numbers at a third of the cost)
         with np.errstate(invalid="ignore", divide="ignore"):
             carried = [t * (phi + (1.0 - phi) * equal_batch / b)
-                       for phi in np.clip(fixed_share, 0.0, 1.0)]
-        lo = np.where(valid, np.minimum(*carried), np.nan)
-        hi = np.where(valid, np.maximum(*carried), np.nan)
-        return nanmedian_last(lo), nanmedian_last(hi)
+                       for phi in (min(max(float(p), 0.0), 1.0) for p in fixed_share)]
+        bounds = np.stack([np.minimum(*carried), np.maximum(*carried)])
+        if not full:
+            bounds = np.where(valid, bounds, np.nan)
+        lo, hi = nanmedian_last(bounds)
+        return lo, hi
 
     def model(self, batch, predicted_time) -> TimeModel:
         """The time model through the predicted point (batch_i, predicted_time_i)."""
