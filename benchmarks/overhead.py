@@ -65,9 +65,9 @@ MODELS = ["mlp64", "mlp256", "mlp1024", "cnn", "resnet20"]
 ITERATIONS = {"mlp64": 400, "mlp256": 300, "mlp1024": 60, "cnn": 120, "resnet20": 40}
 #: the arms: name -> `mxlbbsp launch` options (None: the plain script and launcher)
 ARMS = {"plain": None, "lbbsp": ["--sync", "lbbsp"], "bsp": ["--sync", "bsp"]}
-#: the arms of the plain launcher and their --impl of _overhead_train.py (``--plain-local``:
+#: the arms of the plain launcher, each its own --impl of _overhead_train.py (``plain-local``:
 #: the plain script with every worker running the optimizer, as mxlbbsp's do)
-PLAIN_IMPLS = {"plain": "plain", "plain-local": "plain-local"}
+PLAIN_ARMS = ("plain", "plain-local")
 PHASES = ("loop", "alloc", "compute", "engine", "report", "slot", "push", "update", "bn",
           "pull", "done")
 WORKERS = 2
@@ -233,7 +233,7 @@ def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
     train = tree / "benchmarks" / "_overhead_train.py"
     if not train.exists():          # a --baseline from before this benchmark: no timeline
         train = TRAIN
-    argv = [C.PY, str(train), "--impl", PLAIN_IMPLS[arm] if options is None else "mxlbbsp",
+    argv = [C.PY, str(train), "--impl", arm if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
     with tempfile.TemporaryDirectory() as tmp:
         if options is None:
@@ -308,7 +308,7 @@ def parse_arms(extra: List[str], names: Optional[str],
     arms = dict(ARMS)
     if names:
         arms = {"plain": None, **{n: ["--sync", n] for n in names.split(",")
-                                  if n not in PLAIN_IMPLS}}
+                                  if n not in PLAIN_ARMS}}
     if plain_local:
         arms = {"plain": None, "plain-local": None,
                 **{a: o for a, o in arms.items() if a != "plain"}}

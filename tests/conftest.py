@@ -102,6 +102,16 @@ def wait_no_leftovers(marker: str, timeout: float = 10.0):
         time.sleep(0.2)
 
 
+def newest_checkpoint(directory) -> int:
+    """The iteration of the newest complete checkpoint in ``directory`` (-1: none yet), as
+    the launcher finds it (mxlbbsp.core.store.latest). A test waits for "one from iteration
+    t on", never for one by name: only the newest two are kept, and a loaded machine can
+    look after the one named is gone."""
+    from mxlbbsp.core import store
+    path = store.latest(str(directory))
+    return -1 if path is None else int(store.read_manifest(path)["iteration"])
+
+
 def in_threads(make, n, timeout=20.0):
     """``make(r)`` for r in 0..n-1, each in a thread of its own, all at once (workers'
     sessions: registration waits for every worker); (results by r, the exceptions raised)."""

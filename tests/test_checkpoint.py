@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import PY, ROOT, mxlbbsp_argv, run_mxlbbsp, wait_no_leftovers
+from conftest import PY, ROOT, mxlbbsp_argv, newest_checkpoint, run_mxlbbsp, wait_no_leftovers
 from mxlbbsp.core import store as _store
 from reference import against
 
@@ -136,10 +136,7 @@ def test_kill9_of_the_launcher_then_resume_on_more_workers_is_exact(reference, t
     proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, MXLBBSP_TEST_MARK=marker),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    # any checkpoint from iteration 19 on (only the newest two are kept: one by name can
-    # be gone before a loaded machine looks)
-    while not [c for c in ckpt.glob("ckpt-*") if int(c.name[5:]) >= 19] and \
-            proc.poll() is None:
+    while newest_checkpoint(ckpt) < 19 and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint of iteration 19"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)

@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 import slurm as slurm_fixture
-from conftest import EXAMPLE, PY, ROOT, Result, processes_with, wait_no_leftovers
+from conftest import (EXAMPLE, PY, ROOT, Result, newest_checkpoint, processes_with,
+                      wait_no_leftovers)
 
 pytestmark = pytest.mark.cluster
 
@@ -229,9 +230,7 @@ def test_restarts_survive_a_killed_worker_and_leave_out_a_node_that_is_gone(clus
     try:
         worker = worker_process(marker, 1)
         deadline = time.monotonic() + 240
-        # any checkpoint from iteration 9 on: only the newest two are kept, so waiting for
-        # one by name can miss it on a loaded machine (CI did once)
-        while not [c for c in ckpt.glob("ckpt-*") if int(c.name[5:]) >= 9]:
+        while newest_checkpoint(ckpt) < 9:
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
             time.sleep(0.05)
         cluster.run("scontrol", "update", "nodename=n2", "state=drain", "reason=mxlbbsp-test")

@@ -7,8 +7,8 @@ every worker saves its own parameters at the end (BatchNorm statistics included)
 ``--bn``: a conv net with BatchNorm (else an MLP). ``--die-at T``: rank 1 exits with code 9
 after iteration T, once (a marker file in OUT_DIR), to test --restarts. ``--lr-decay``: a
 learning-rate schedule, whose position the checkpoint must carry. ``--sleep S``: S seconds
-more per iteration, so that a test can act mid-run however fast the machine is. Files: OUT_DIR/rank<r>.params
-(OUT_DIR/single.params in a single process).
+more per iteration, so that a test can act mid-run however fast the machine is.
+Files: OUT_DIR/rank<r>.params (OUT_DIR/single.params in a single process).
 """
 import argparse
 import os
