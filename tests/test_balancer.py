@@ -236,6 +236,43 @@ def test_equal_split_bounds_hold_the_time_at_the_equal_batch_whatever_the_fixed_
     assert np.isnan(short.equal_split_bounds(32)[0]).all()   # one observation: cannot tell
 
 
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 4), window=st.sampled_from([8, 16, 32]), steps=st.integers(0, 80),
+       recent=st.one_of(st.none(), st.integers(1, 40)),
+       share=st.tuples(st.floats(-0.5, 1.5), st.floats(-0.5, 1.5)),
+       equal=st.floats(1, 64), seed=st.integers(0, 2 ** 16))
+def test_equal_split_bounds_are_the_medians_of_the_carried_times(n, window, steps, recent,
+                                                                 share, equal, seed):
+    """What equal_split_bounds documents, against np.nanmedian written out: each valid
+    observation of the last ``recent`` carried to the equal batch at both fixed shares
+    (clipped to [0, 1]), the per-worker medians of the lower and the higher; NaN while any
+    worker has fewer than min(8, columns) valid ones. Windows with missing times and zero
+    batches (the masked path) and full ones (its shortcut) alike."""
+    import warnings
+    rng = np.random.default_rng(seed)
+    fit = AffineFit(n, window=window)
+    for _ in range(steps):
+        b = rng.integers(0, 64, n).astype(float)
+        t = 0.003 + b * 1e-5 * rng.uniform(0.5, 2, n)
+        t[rng.random(n) < 0.05] = np.nan
+        fit.observe(b, t)
+    lo, hi = fit.equal_split_bounds(equal, recent=recent, fixed_share=share)
+    k = window if recent is None or recent >= window else recent
+    cols = [(fit._next - 1 - j) % window for j in range(k)]
+    b, t = fit._b[:, cols], fit._t[:, cols]
+    valid = np.isfinite(b) & np.isfinite(t) & (t > 0) & (b > 0)
+    if valid.sum(axis=1).min() < min(k, 8):
+        assert np.isnan(lo).all() and np.isnan(hi).all()
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        carried = [t * (phi + (1.0 - phi) * equal / b) for phi in np.clip(share, 0.0, 1.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected_lo = np.nanmedian(np.where(valid, np.minimum(*carried), np.nan), axis=1)
+        expected_hi = np.nanmedian(np.where(valid, np.maximum(*carried), np.nan), axis=1)
+    assert np.array_equal(lo, expected_lo) and np.array_equal(hi, expected_hi)
+
+
 def test_nanmedian_last_is_numpys_nanmedian_without_its_cost():
     """balancer.nanmedian_last (on the coordinator's critical path) gives np.nanmedian's
     numbers along the last axis, NaN for a row with nothing left, for 1-, 2- and 3-D input,
