@@ -146,6 +146,7 @@ class Job:
         self.signal: Optional[int] = None
         self._keepalive = self.transport.keepalive
         self._stopped = threading.Event()
+        self._heartbeat_thread: Optional[threading.Thread] = None
         try:
             self.floors = _env.stall_floors()
         except _env.EnvError as exc:
@@ -233,9 +234,6 @@ class Job:
             return
         if self._port is None:
             raise JobFailed("the ps-lite scheduler of the next generation did not start")
-        if self._keepalive:
-            threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
-                             name="heartbeat", daemon=True).start()
 
     @property
     def held(self) -> int:
@@ -280,9 +278,6 @@ class Job:
             port = self._start_roles(coord_addr)
         if port is None:
             return self.interrupted() if self.signal else 1
-        if self._keepalive and self.hold is None:
-            threading.Thread(target=self._heartbeat, args=(self._keepalive[0],),
-                             name="heartbeat", daemon=True).start()
         hubs, relays = len(self.roles.hubs), len(self.roles.relays)
         self.output.say(f"started {len(self.roles.workers)} worker(s)"
                         + (f", {relays} relay(s)" if relays else "")
@@ -297,6 +292,7 @@ class Job:
         wait for the scheduler by themselves, so nobody waits for its import of MXNet before
         starting theirs); then wait until it listens. A scheduler that ended before it
         listened (its port taken meanwhile) means another try on another port."""
+        self._start_heartbeat()
         for _ in range(5):
             port = free_port(self.bind)
             self.roles = self.builder.build(self.bind, port, coord_addr)
@@ -345,10 +341,22 @@ class Job:
         host = next((h for h in self.hosts if h.name == name), None)
         return host is not None and self.preflight(host) is None
 
+    def _start_heartbeat(self) -> None:
+        """Beat from before the first remote guard starts: a guard counts its silence from
+        its spec on, and the scheduler's import of MXNet, which the start waits for, can
+        take longer than that silence on a loaded machine."""
+        if self._keepalive and self._heartbeat_thread is None:
+            self._heartbeat_thread = threading.Thread(
+                target=self._heartbeat, args=(self._keepalive[0],), name="heartbeat",
+                daemon=True)
+            self._heartbeat_thread.start()
+
     def _heartbeat(self, interval: float) -> None:
-        """Until the teardown: an empty line to every remote guard every ``interval`` s."""
+        """Until the teardown: an empty line to every remote guard every ``interval`` s
+        (the roles of the start's current try: a new scheduler port means new roles)."""
         while not self._stopped.wait(interval):
-            for p in self.roles.started_after_the_scheduler:
+            roles = self.roles
+            for p in roles.started_after_the_scheduler if roles is not None else ():
                 p.beat()
 
     def _teardown(self) -> None:

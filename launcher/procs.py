@@ -150,17 +150,19 @@ class RoleProcess:
         self.attempts += 1
         with self._early_lock:
             self._early = []
-        self.proc = subprocess.Popen(self.guard_argv, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
-        self.started_at = time.monotonic()
-        self._threads = [self._pump(self.proc.stdout, False), self._pump(self.proc.stderr, True)]
-        try:
-            self.proc.stdin.write((json.dumps(self.spec) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # the transport died at once; poll() reports it
-        os.set_blocking(self.proc.stdin.fileno(), False)   # beat() must never hang
+        with self._stdin_lock:            # the spec is the guard's first line, before any beat
+            self.proc = subprocess.Popen(self.guard_argv, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True)
+            self.started_at = time.monotonic()
+            self._threads = [self._pump(self.proc.stdout, False),
+                             self._pump(self.proc.stderr, True)]
+            try:
+                self.proc.stdin.write((json.dumps(self.spec) + "\n").encode())
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # the transport died at once; poll() reports it
+            os.set_blocking(self.proc.stdin.fileno(), False)   # beat() must never hang
 
     def _pump(self, stream, to_stderr: bool) -> threading.Thread:
         def run():

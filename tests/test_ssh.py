@@ -512,6 +512,25 @@ def test_remote_host_in_a_namespace_and_a_partition(netns_host, tmp_path, runnin
         ns.set_link(True)
 
 
+def test_remote_guards_hear_the_launcher_while_the_scheduler_is_slow_to_listen(
+        sshd, hostfile, tmp_path):
+    """The remote guards count their silence from their start, and the launcher starts them
+    at the same time as the scheduler: a scheduler slower to listen than that silence (here
+    it sleeps 4 s before its import of MXNet, as on a loaded machine; keep-alives of 1 s x 1
+    make the silence 2 s) must not stop them (the CI failure of stop 44)."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('DMLC_ROLE') == 'scheduler':\n    time.sleep(4)\n")
+    r = run_mxlbbsp(*launch(sshd, hostfile, "--ssh-option", "ServerAliveInterval=1",
+                            "--ssh-option", "ServerAliveCountMax=1",
+                            "--env", f"PYTHONPATH={slow}"),
+                    "--", *TRAIN, "--epochs", "1", timeout=180)
+    assert r.rc == 0, r.output
+    assert "no word from the launcher" not in r.output, r.output
+    assert_nothing_left(sshd, r.marker)
+
+
 def test_bind_address_follows_ssh_config_aliases(netns_host):
     # A hostfile name that only ssh's configuration knows (Host alias / HostName): the
     # scheduler must still listen on the address that faces the real host, not on loopback.
