@@ -23,7 +23,7 @@ add up to its wall time. The phases, in order (:data:`PHASES`):
 Where the engine times the report and done (dist_sync after the first step,
 mxlbbsp/worker/engine.py), the Python thread does not wait for it: ``engine`` and ``pull``
 are 0, ``report`` and ``done`` only hand a function to the engine, and ``push`` also holds
-the wait for the engine to finish step t - 2 (trainer.ENGINE_AHEAD) and the sending of what
+the wait for the engine to finish step t - 4 (trainer.ENGINE_AHEAD) and the sending of what
 it timed meanwhile.
 
 No framework import: the trainer waits for MXNet's engine between the marks.
