@@ -6,7 +6,9 @@ Each class is a Gaussian blob in ``--dim`` dimensions around a random centre, th
 labels are replaced by a uniformly random class (the test labels are clean). Label noise
 keeps the per-sample gradients spread out while the mean gradient shrinks, so the gradient
 noise scale is high and larger batches save many iterations; without it, on well
-separated classes, it is low and they save few.
+separated classes, it is low and they save few. With ``--blobs-per-class`` above 1 the
+noise scale grows during the run: the first, coarse, progress is cheap at a small batch, the
+fine boundary late in the run needs the large one.
 
 Rank 0 evaluates the test accuracy every ``--eval-interval`` iterations and logs it as
 ``examples/train_gluon.py`` does (``eval: iteration=I accuracy=A train_s=S``, the training
@@ -26,14 +28,18 @@ import mxlbbsp
 log = logging.getLogger("goodput_train")
 
 
-def blobs(samples, classes, dim, separation, label_noise, seed, test_samples):
-    """(train x, train y, test x, test y): the same centres for both; noisy train labels."""
+def blobs(samples, classes, dim, separation, label_noise, seed, test_samples, per_class=1):
+    """(train x, train y, test x, test y): the same centres for both; noisy train labels.
+    ``per_class`` blobs make up each class (blob j belongs to class j % classes): with more
+    than one the boundary is not linear, and the net keeps learning it long after the
+    first, easy, progress."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((classes, dim)) * separation / np.sqrt(2 * dim)
+    centres = rng.standard_normal((classes * per_class, dim)) * separation / np.sqrt(2 * dim)
 
     def draw(count, r):
-        y = r.integers(0, classes, count)
-        return (centres[y] + r.standard_normal((count, dim))).astype(np.float32), y
+        blob = r.integers(0, classes * per_class, count)
+        return (centres[blob] + r.standard_normal((count, dim))).astype(np.float32), \
+            blob % classes
 
     x, y = draw(samples, rng)
     flip = rng.random(samples) < label_noise
@@ -50,6 +56,9 @@ def main(argv=None):
     p.add_argument("--separation", type=float, default=2.0,
                    help="mean distance between class centres, in standard deviations")
     p.add_argument("--label-noise", type=float, default=0.1)
+    p.add_argument("--blobs-per-class", type=int, default=1,
+                   help="Gaussian blobs per class (more than one: a boundary that is not "
+                        "linear)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
@@ -64,7 +73,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     mx.random.seed(args.seed)
     x, y, tx, ty = blobs(args.samples, args.classes, args.dim, args.separation,
-                         args.label_noise, args.data_seed, 2000)
+                         args.label_noise, args.data_seed, 2000, args.blobs_per_class)
     train = gluon.data.ArrayDataset(nd.array(x), nd.array(y))
     test = [(nd.array(tx), nd.array(ty))]
     net = gluon.nn.HybridSequential()
