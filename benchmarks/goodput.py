@@ -147,6 +147,8 @@ def main():
     fixed = [int(x) for x in str(work["fixed"]).split(",")]
     table = arms(fixed, B0, variants=args.arms == "all")
     name = f"goodput_{args.workload}_" + args.clusters.replace(",", "").replace(";", "_")
+    if args.target is not None and args.target != WORKLOADS[args.workload]["target"]:
+        name += f"_t{args.target:g}".replace(".", "")   # beside the default target's results
     load_at_start = S.load()
     cost = R.norm_cost(5 if C.SMOKE else 30)
     results = {}
