@@ -89,9 +89,21 @@ SMOKE = {"mlp": {"iterations": 12}, "resnet20": {
     "train": ["--model", "resnet20", "--data", "synthetic", "--samples", "512", "--noise", "3",
               "--image-shape", "3,32,32"]}, "labelnoise": {"iterations": 12},
     "lownoise": {"iterations": 12}, "growing": {"iterations": 12}}
+#: (the workload's key, the option that overrides it, its tag in the results' name): a run
+#: off a workload's default goes beside the default's results, named by the value
+#: (goodput_growing_13_t077: ``--target 0.77``), not over them
+OVERRIDES = (("fixed", "fixed", "f"), ("batch_range", "batch_range", "r"),
+             ("target", "target", "t"), ("iterations", "iterations", "i"),
+             ("eval_interval", "eval_interval", "e"), ("compute", "emulate_compute", "c"))
 #: the arms beside goodput (its defaults), the fixed-B ones and BSP (``--arms all``)
 VARIANTS = {"goodput sqrt": ["--lr-scaling", "sqrt"],
             "goodput homo": ["--goodput-model", "homo"]}
+
+
+def _in_name(value) -> str:
+    """An option's value as part of a file name: 0.77 -> 077, 16:512 -> 16-512."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text.replace(".", "").replace(",", "-").replace(":", "-")
 
 
 def arms(fixed, B0, variants=True):
@@ -136,19 +148,19 @@ def main():
     if C.smoke(args):
         work.update(SMOKE[args.workload], fixed="64")
         args.seeds, args.clusters, args.arms = 1, "1,3", "core"
-    for key in ("fixed", "batch_range", "target", "iterations", "eval_interval"):
-        if getattr(args, key) is not None:
-            work[key] = getattr(args, key)
-    if args.emulate_compute is not None:
-        work["compute"] = args.emulate_compute
+    suffix = ""
+    for key, option, tag in OVERRIDES:
+        value = getattr(args, option)
+        if value is not None:
+            if value != WORKLOADS[args.workload][key]:
+                suffix += f"_{tag}{_in_name(value)}"
+            work[key] = value
     B0 = args.batch_size
     args.lr = args.lr if args.lr is not None else work.get("lr", 0.05)
     work["lr"] = args.lr
     fixed = [int(x) for x in str(work["fixed"]).split(",")]
     table = arms(fixed, B0, variants=args.arms == "all")
-    name = f"goodput_{args.workload}_" + args.clusters.replace(",", "").replace(";", "_")
-    if args.target is not None and args.target != WORKLOADS[args.workload]["target"]:
-        name += f"_t{args.target:g}".replace(".", "")   # beside the default target's results
+    name = f"goodput_{args.workload}_" + args.clusters.replace(",", "").replace(";", "_") + suffix
     load_at_start = S.load()
     cost = R.norm_cost(5 if C.SMOKE else 30)
     results = {}
