@@ -306,9 +306,22 @@ class SpeedModel:
         marginal = self._predict(forecast)
         bad = ~(np.isfinite(marginal) & (marginal > 0))
         marginal = np.where(bad, speed, marginal)
-        if kind == "auto" and self.regime.fixed_dominates:
+        if kind == "auto" and (self.regime.fixed_dominates or self._may_be_fixed()):
             marginal = self._alike(batch, compute, marginal)
         return _tm.TimeModel(marginal, fixed)
+
+    def _may_be_fixed(self) -> bool:
+        """``auto``'s linear regime while the fit cannot yet rule out a dominant fixed cost
+        (AffineFit.job_share_high >= FIXED_SHARE), with more than two workers: alike
+        workers get one speed here too. The linear model reads b / t as speed, and where
+        the fixed cost dominates the worker given more looks faster in proportion, so every
+        split of equal workers is its own fixed point and noise walks it (seen: a 1:1:3
+        small CNN held its equal pair at 39:23 for the 33 iterations the fit took to call
+        the fixed cost dominant). Two workers never group (:meth:`_alike`), and a
+        compute-bound job's bound falls below FIXED_SHARE within a few iterations of
+        varied batch sizes."""
+        return self.n > 2 and not self.regime.compute_bound and \
+            self.fit.job_share_high >= FIXED_SHARE
 
     @property
     def per_worker(self) -> bool:
@@ -423,6 +436,18 @@ class SpeedModel:
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             return out
         groups = _grouped(lo, hi)
+        if groups.max() == 0 and len(groups) > 2:
+            # A worker at its least batch (one sample or two) has bounds that span
+            # everything (its time carried over 20x the batch at any fixed share from none
+            # to all), so the worst case puts nobody clearly apart, although the regime
+            # found a worker clearly slower. At the fit's own fixed share it is apart, and
+            # the others then group: else they go ungrouped and the linear model walks
+            # them (seen: equal workers held at 20:43 for 25 iterations beside a worker at
+            # one sample). Two workers still never group.
+            lo, hi = fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
+                                            fixed_share=(fit.job_share, fit.job_share))
+            if np.isfinite(lo).all() and np.isfinite(hi).all():
+                groups = _grouped(lo, hi)
         if groups.max() == 0:
             # none clearly slower any more: the regime balances on (it retries the equal
             # split in time), as it would without the groups; so two workers never group
