@@ -15,6 +15,9 @@ iterations. Each worker measures its own throughput over the iterations after th
 (the engine drained at both ends): it prints ``overhead-start`` when the clock starts and
 one line ``overhead-result {json}`` at the end.
 ``--kvstore-only`` creates the dist_sync kvstore and ends (a job's fixed cost).
+``--sections``: the main thread's CPU (``time.thread_time``) per timed iteration in each
+part of the loop (loader, forward and loss, backward, step) and in the methods of the step
+and of mxlbbsp's session that it calls, in microseconds, in the result (``sections_us``).
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--kvstore-only", action="store_true",
                    help="create the dist_sync kvstore, then end")
+    p.add_argument("--sections", action="store_true",
+                   help="the main thread's CPU per iteration in each part of the loop")
     return p.parse_args(argv)
 
 
@@ -73,6 +78,40 @@ def data(samples: int, shape):
     return gluon.data.ArrayDataset(x, y.astype(np.float32))
 
 
+class Sections:
+    """CPU seconds of the calling thread per named section (time.thread_time)."""
+
+    def __init__(self):
+        self.seconds = {}
+        self.on = False
+
+    def add(self, name: str, seconds: float) -> None:
+        if self.on:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def wrap(self, obj, attr: str, name: str) -> None:
+        """Time every call of ``obj.attr`` (a method of an instance or a class) as ``name``."""
+        inner = getattr(obj, attr)
+
+        def timed(*a, **k):
+            start = time.thread_time()
+            try:
+                return inner(*a, **k)
+            finally:
+                self.add(name, time.thread_time() - start)
+        setattr(obj, attr, timed)
+
+
+#: the step's methods timed with --sections: Gluon's (plain) and mxlbbsp.Trainer's, and the
+#: session's that the loader and the step call
+PLAIN_SECTIONS = ("_allreduce_grads", "_update")
+MXLBBSP_SECTIONS = ("_read_loss", "_normalisers", "_reduce", "_apply", "_first_step",
+                    "_before_pushpull", "_pushpull_grads", "_report", "_update",
+                    "_engine_clock", "_sums_on_servers")
+SESSION_SECTIONS = ("next_iteration", "slice", "announce", "wait_finished", "send_pending",
+                    "report_when_ready", "done_when_finished")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mxnet as mx
@@ -90,6 +129,7 @@ def main(argv=None) -> int:
     train = data(args.samples, shape)
     B = args.batch_size
     opt = {"learning_rate": 0.01, "momentum": 0.9}
+    sections = Sections()
     if args.impl != "mxlbbsp":
         n = int(os.environ["DMLC_NUM_WORKER"])
         kv = mx.kv.create("dist_sync")
@@ -101,6 +141,9 @@ def main(argv=None) -> int:
 
         def step():
             trainer.step(B)
+        if args.sections:
+            for name in PLAIN_SECTIONS:
+                sections.wrap(trainer, name, f"step: {name}")
     else:
         import mxlbbsp
         rank = mxlbbsp.rank()
@@ -108,26 +151,50 @@ def main(argv=None) -> int:
         loader = mxlbbsp.DataLoader(train, global_batch_size=B, shuffle=True, seed=0,
                                     last_batch="discard")
         step = trainer.step
+        if args.sections:
+            from mxlbbsp.worker import session as _session
+            for name in MXLBBSP_SECTIONS:
+                sections.wrap(trainer, name, f"step: {name}")
+            for name in SESSION_SECTIONS:
+                sections.wrap(_session.Session, name, f"session: {name}")
+            step = trainer.step
     total = args.warmup + args.iterations
     done, started = 0, None
+    clock = time.thread_time
     while done < total:
-        for x, y in loader:
+        batches = iter(loader)
+        while done < total:
+            t0 = clock()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                break
+            t1 = clock()
             with autograd.record():
                 loss = loss_fn(net(x), y)
+            t2 = clock()
             loss.backward()
+            t3 = clock()
             step()
+            if sections.on:
+                t4 = clock()
+                for name, seconds in (("loader", t1 - t0), ("forward and loss", t2 - t1),
+                                      ("backward", t3 - t2), ("step", t4 - t3)):
+                    sections.add(name, seconds)
             done += 1
             if done == args.warmup:
                 nd.waitall()
                 started = time.perf_counter()
+                sections.on = args.sections
                 print("overhead-start", flush=True)
-            if done == total:
-                break
     nd.waitall()
     seconds = time.perf_counter() - started
-    print("overhead-result " + json.dumps(
-        {"rank": rank, "iterations": args.iterations, "seconds": seconds,
-         "samples_per_s": args.iterations * B / seconds}), flush=True)
+    result = {"rank": rank, "iterations": args.iterations, "seconds": seconds,
+              "samples_per_s": args.iterations * B / seconds}
+    if args.sections:
+        result["sections_us"] = {k: 1e6 * v / args.iterations
+                                 for k, v in sections.seconds.items()}
+    print("overhead-result " + json.dumps(result), flush=True)
     return 0
 
 

@@ -42,6 +42,7 @@ equal shares beside a clearly slower one (issue 34 asks for them within 10 %).
     python benchmarks/overhead.py --tag before             # results/overhead_before.*
     python benchmarks/overhead.py --baseline 5917e88       # and the code of 5917e88, NAME@REV
     python benchmarks/overhead.py --equal-shares-only 10 --baseline 5917e88
+    python benchmarks/overhead.py --models mlp256 --arms bsp --plain-local --sections
 
 Writes benchmarks/results/overhead[_TAG].json and .md.
 """
@@ -238,7 +239,7 @@ def mxlbbsp_job(argv: List[str], env: Dict[str, str], options: List[str],
 
 
 def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
-        tree: Path = C.ROOT) -> dict:
+        tree: Path = C.ROOT, sections: bool = False) -> dict:
     """One job of ``model`` in ``arm``: samples/s (the mean of the workers' own figures),
     CPU per role and iteration, and (mxlbbsp) the timeline's phases. ``tree``: the code of
     the mxlbbsp arms (a --baseline's worktree)."""
@@ -248,6 +249,8 @@ def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
         train = TRAIN
     argv = [C.PY, str(train), "--impl", arm if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
+    if sections and "--sections" in train.read_text():
+        argv.append("--sections")
     with tempfile.TemporaryDirectory() as tmp:
         if options is None:
             job = plain_job(argv, env)
@@ -269,6 +272,10 @@ def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
                                         for k, v in job.cpu_per_role().items()}}
         if options is not None:
             out["timeline"] = timeline(Path(tmp), skip=10)
+        parts = [r["sections_us"] for r in results if r.get("sections_us")]
+        if parts:
+            out["sections_us"] = {k: float(np.mean([p.get(k, 0.0) for p in parts]))
+                                  for k in parts[0]}
     return out
 
 
@@ -390,6 +397,9 @@ def main(argv=None) -> int:
     p.add_argument("--fixed-cost-rounds", type=int, default=5)
     p.add_argument("--no-fixed-cost", action="store_true")
     p.add_argument("--fixed-cost-only", action="store_true")
+    p.add_argument("--sections", action="store_true",
+                   help="each worker's main-thread CPU per iteration in each part of the "
+                        "loop and in the step's and the session's methods")
     p.add_argument("--equal-shares", type=int, default=0, metavar="N",
                    help="N jobs per code of the small CNN at 1:1:3 (3 workers, lbbsp): the "
                         "equal pair's mean local batches")
@@ -442,7 +452,7 @@ def measure(args, baseline: Optional[Path]) -> int:
                     C.progress(f"{model} round {r + 1}/{rounds}: {arm} (load "
                                f"{os.getloadavg()[0]:.1f})")
                     runs[arm].append(run(arm, arms[arm], model, iterations[model],
-                                         trees[arm]))
+                                         trees[arm], sections=args.sections))
                     C.progress(f"  {runs[arm][-1]['samples_per_s']:.0f} samples/s")
             results[model] = summarise(runs, iterations[model])
     fixed = None
@@ -488,6 +498,10 @@ def summarise(runs: Dict[str, List[dict]], iterations: int) -> dict:
             entry["timeline_median_ms"] = {p: float(np.median([t["median_ms"][p]
                                                                for t in tls]))
                                            for p in PHASES}
+        parts = [r["sections_us"] for r in rs if r.get("sections_us")]
+        if parts:
+            entry["sections_us"] = {k: float(np.median([p.get(k, 0.0) for p in parts]))
+                                    for k in parts[0]}
         out[arm] = entry
     return out
 
@@ -535,6 +549,23 @@ def table(doc: dict) -> str:
                 cpu = res[a]["cpu_ms_per_iteration"]
                 lines.append(f"| {model} | {a} | "
                              + " | ".join(f"{cpu.get(k, 0.0):.2f}" for k in roles) + " |")
+    with_sections = [(model, a) for model, res in doc["results"].items() for a in arms
+                     if res[a].get("sections_us")]
+    if with_sections:
+        names = []
+        for model, a in with_sections:
+            names += [k for k in doc["results"][model][a]["sections_us"] if k not in names]
+        loop = ["loader", "forward and loss", "backward", "step"]
+        names.sort(key=lambda k: (loop.index(k) if k in loop else len(loop),
+                                  k.startswith("session"), k))
+        lines += ["", "## The main thread's CPU per iteration by section (us, the mean of "
+                      "the workers; median over rounds)", "",
+                  "| section | " + " | ".join(f"{m} {a}" for m, a in with_sections) + " |",
+                  "|---|" + "---|" * len(with_sections)]
+        for name in names:
+            cells = [doc["results"][m][a]["sections_us"].get(name) for m, a in with_sections]
+            lines.append(f"| {name} | " + " | ".join("" if c is None else f"{c:.0f}"
+                                                     for c in cells) + " |")
     if doc.get("equal_shares"):
         lines += ["", f"## Equal workers beside a slower one: 3 workers at {SHARES_SLOWDOWN} "
                       f"(emulated), the small CNN, {doc['equal_shares_iterations']} "
