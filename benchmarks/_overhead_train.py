@@ -157,10 +157,10 @@ def main(argv=None) -> int:
                 sections.wrap(trainer, name, f"step: {name}")
             for name in SESSION_SECTIONS:
                 sections.wrap(_session.Session, name, f"session: {name}")
-            step = trainer.step
     total = args.warmup + args.iterations
     done, started = 0, None
-    clock = time.thread_time
+    # the loop's own clock readings only with --sections: the other runs time as before
+    clock = time.thread_time if args.sections else float
     while done < total:
         batches = iter(loader)
         while done < total:

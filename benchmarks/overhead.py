@@ -238,15 +238,20 @@ def mxlbbsp_job(argv: List[str], env: Dict[str, str], options: List[str],
     return Job([proc], [proc])
 
 
+def _train_script(tree: Path) -> Path:
+    """``tree``'s training loop (a --baseline's worktree), or this one's for a baseline from
+    before this benchmark (no timeline, no --sections)."""
+    train = tree / "benchmarks" / "_overhead_train.py"
+    return train if train.exists() else TRAIN
+
+
 def run(arm: str, options: Optional[List[str]], model: str, iterations: int,
         tree: Path = C.ROOT, sections: bool = False) -> dict:
     """One job of ``model`` in ``arm``: samples/s (the mean of the workers' own figures),
     CPU per role and iteration, and (mxlbbsp) the timeline's phases. ``tree``: the code of
     the mxlbbsp arms (a --baseline's worktree)."""
     env = C.env()
-    train = tree / "benchmarks" / "_overhead_train.py"
-    if not train.exists():          # a --baseline from before this benchmark: no timeline
-        train = TRAIN
+    train = _train_script(tree)
     argv = [C.PY, str(train), "--impl", arm if options is None else "mxlbbsp",
             "--model", model, "--batch-size", str(BATCH), "--iterations", str(iterations)]
     if sections and "--sections" in train.read_text():
@@ -334,10 +339,7 @@ def equal_shares(rounds: int, trees: Dict[str, Path], iterations: int) -> dict:
         for arm in _suite.order(list(trees), r):
             C.progress(f"equal shares round {r + 1}/{rounds}: {arm} (load "
                        f"{os.getloadavg()[0]:.1f})")
-            train = trees[arm] / "benchmarks" / "_overhead_train.py"
-            if not train.exists():
-                train = TRAIN
-            argv = [C.PY, str(train), "--impl", "mxlbbsp", "--model", "cnn",
+            argv = [C.PY, str(_train_script(trees[arm])), "--impl", "mxlbbsp", "--model", "cnn",
                     "--batch-size", str(BATCH), "--iterations", str(iterations)]
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "metrics.jsonl"
@@ -351,11 +353,9 @@ def equal_shares(rounds: int, trees: Dict[str, Path], iterations: int) -> dict:
                 if job.procs[0].returncode != 0:
                     sys.stderr.write("".join(job.lines[-40:]))
                     raise SystemExit(f"equal shares: the 1:1:3 job under {arm} failed")
-                batches: Dict[int, list] = {}
-                for rec in _metrics.load(str(path)):
-                    if rec.get("iteration", -1) >= SHARES_SKIP and "batch_size" in rec:
-                        batches.setdefault(int(rec["rank"]), []).append(rec["batch_size"])
-            means = [float(np.mean(batches[k])) for k in sorted(batches)]
+                per_rank = _metrics.summarize(_metrics.load(str(path)),
+                                              skip=SHARES_SKIP)["per_rank"]
+            means = [per_rank[k]["mean_batch"] for k in sorted(per_rank)]
             diff = abs(means[0] - means[1]) / (0.5 * (means[0] + means[1]))
             out[arm].append({"mean_batches": means, "pair_difference": diff})
             C.progress(f"  mean batches {', '.join(f'{m:.1f}' for m in means)}: the pair "

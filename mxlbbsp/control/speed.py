@@ -430,8 +430,11 @@ class SpeedModel:
         within two standard errors: a real 1:1:3 job on two shared cores still held equal
         workers 1.2-1.3x apart in 3 runs of 5.)"""
         fit = self.fit
-        lo, hi = fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
-                                        fixed_share=(fit.job_share_low, fit.job_share_high))
+
+        def bounds(share: tuple) -> tuple:
+            return fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
+                                          fixed_share=share)
+        lo, hi = bounds((fit.job_share_low, fit.job_share_high))
         out = np.asarray(speed, dtype=float).copy()
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             return out
@@ -444,8 +447,7 @@ class SpeedModel:
             # the others then group: else they go ungrouped and the linear model walks
             # them (seen: equal workers held at 20:43 for 25 iterations beside a worker at
             # one sample). Two workers still never group.
-            lo, hi = fit.equal_split_bounds(batch.sum() / len(batch), recent=SPEED_WINDOW,
-                                            fixed_share=(fit.job_share, fit.job_share))
+            lo, hi = bounds((fit.job_share, fit.job_share))
             if np.isfinite(lo).all() and np.isfinite(hi).all():
                 groups = _grouped(lo, hi)
         if groups.max() == 0:
