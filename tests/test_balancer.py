@@ -16,6 +16,7 @@ from mxlbbsp.core.timemodel import pooled_slope
 from mxlbbsp.core.split import rescale
 from mxlbbsp.core.split import rescale_slice
 from mxlbbsp.core.split import slice_of
+from mxlbbsp.core.split import equal_slice
 
 speeds = st.lists(st.floats(0.05, 1000.0, allow_nan=False), min_size=1, max_size=24)
 
@@ -86,6 +87,21 @@ def test_infeasible_bounds_are_refused_with_a_reason():
         solve(TimeModel.linear([1, 1, 1]), 2)
     with pytest.raises(SplitError, match="finite and positive"):
         solve(TimeModel.linear([1, float("nan")]), 8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 64), extra=st.integers(0, 5000), data=st.data())
+def test_a_workers_equal_slice_is_its_slice_of_the_equal_split(n, extra, data):
+    """What a worker cuts in bsp (integers, from its rank alone) is its part of the whole
+    equal split, so the workers' slices tile the global batch."""
+    total = n + extra
+    rank = data.draw(st.integers(0, n - 1))
+    assert equal_slice(total, n, rank) == slice_of(equal_split(total, n), rank)
+    ends = [equal_slice(total, n, r) for r in range(n)]
+    assert [p.offset for p in ends] == [0] + [p.offset + p.size for p in ends[:-1]]
+    assert sum(p.size for p in ends) == total
+    with pytest.raises(SplitError):
+        equal_slice(n - 1, n, 0)
 
 
 def test_equal_split_and_rescale():

@@ -170,6 +170,18 @@ class Slice(NamedTuple):
     total: int
 
 
+def equal_slice(total: int, n: int, rank: int) -> Slice:
+    """Worker ``rank``'s slice of :func:`equal_split` ``(total, n)``, in integers: what a
+    worker of ``bsp`` (and every mode without splits) cuts each iteration, without building
+    the whole split."""
+    if n <= 0 or total < n:
+        raise SplitError(f"cannot split a global batch of {total} among {n} workers "
+                              "with at least one sample each")
+    base, extra = divmod(int(total), int(n))
+    rank = int(rank)
+    return Slice(rank * base + min(rank, extra), base + (rank < extra), int(total))
+
+
 def slice_of(split: Sequence[int], rank: int) -> Slice:
     """Worker ``rank``'s slice of ``split``."""
     split = [int(b) for b in split]

@@ -441,7 +441,7 @@ class Session:
         if iteration == self.first_iteration:
             part = self._initial
         elif not self.coordinated or not self.mode.follows_splits:
-            part = _split.slice_of(_split.equal_split(global_batch, self.num_workers), self.rank)
+            part = _split.equal_slice(global_batch, self.num_workers, self.rank)
         else:
             part = self._wait_slice(iteration, block)
             if part is None:
@@ -699,7 +699,8 @@ class Session:
     def wait_finished(self, iteration: int) -> None:
         """Block until the engine has finished the step of ``iteration`` (sending what it
         timed meanwhile; raises as wait_until)."""
-        self.wait_until(lambda: self.finished >= iteration, hold=True)
+        if self.finished < iteration:
+            self.wait_until(lambda: self.finished >= iteration, hold=True)
         self.send_pending()
 
     def flush(self, timeout: Optional[float] = None) -> bool:

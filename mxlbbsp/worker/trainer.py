@@ -127,6 +127,8 @@ class Trainer(gluon.Trainer):
         self._handover = False                # listening for the coordinator's request
         self._by_engine = False               # this step's report and done sent by the engine
         self._engine_order = None             # an array every such function writes (below)
+        self._engine_job = None               # (session, whether the engine may time it)
+        self._dense_grads = None              # (parameters, all their gradients dense)
         resume = _hold.resume()
         if resume is not None:
 
@@ -450,9 +452,12 @@ class Trainer(gluon.Trainer):
         waiting path's (the longer of the engine's and the main thread's time), which the
         mean over a control period's iterations evens out on the small models where that
         matters (Coordinator._lease)."""
-        return _env.engine_clock() and sess.coordinated and \
-            sess.iteration > sess.first_iteration and not sess.emulated and \
-            not sess.mode.grad_norms and not _env.snapshots() and _engine.available()
+        if self._engine_job is None or self._engine_job[0] is not sess:
+            # what holds for the whole job, read once (the environment, the session's mode)
+            self._engine_job = (sess, _env.engine_clock() and sess.coordinated and
+                                not sess.emulated and not sess.mode.grad_norms and
+                                not _env.snapshots() and _engine.available())
+        return self._engine_job[1] and sess.iteration > sess.first_iteration
 
     def _order(self) -> list:
         """A one-element array that each report and done function writes: the engine calls
@@ -464,9 +469,14 @@ class Trainer(gluon.Trainer):
 
     def _sums_on_servers(self) -> bool:
         """The servers only add dense gradients, and every worker updates (dist_sync)."""
-        return bool(self._kvstore) and self._distributed and not self._update_on_kvstore \
-            and not any(p.grad_req != "null" and p.list_grad()[0].stype != "default"
-                        for p in self._params)
+        if not (self._kvstore and self._distributed and not self._update_on_kvstore):
+            return False
+        # the gradients' storage types are set when the parameters are: read once per set
+        if self._dense_grads is None or self._dense_grads[0] != len(self._params):
+            self._dense_grads = (len(self._params), not any(
+                p.grad_req != "null" and p.list_grad()[0].stype != "default"
+                for p in self._params))
+        return self._dense_grads[1]
 
     def _grads(self):
         """The gradient arrays, in the order of the trainer's parameters."""
