@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import secrets
 import socket
 import sys
@@ -44,9 +45,39 @@ SOCKET_DIR = "/tmp"
 CPU_EVERY = 1.0
 
 
+#: where :func:`free_port` looks first: ports this far below the kernel's ephemeral range
+FIXED_PORTS = 12000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for a bind to port 0 (ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the scheduler's, a hub's)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    """A TCP port free on ``host`` now (the scheduler's, a hub's), taken below the kernel's
+    ephemeral range where one is free: every ps-lite node (this job's servers, starting
+    meanwhile, or another job's) takes its own port by a bind to port 0, and one handed the
+    scheduler's chosen port before the scheduler bound it got the others' registrations
+    and aborted (van.cc: "Check failed: is_scheduler_"). Outside that range only a
+    process that asks for that very port can take it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    high = _ephemeral_low()
+    low = max(1024, high - FIXED_PORTS)
+    rng = random.SystemRandom()
+    for _ in range(32):
+        port = rng.randrange(low, high) if high > low else 0
+        with socket.socket(family) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    with socket.socket(family) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -90,6 +90,24 @@ def test_a_worker_killed_by_a_signal_is_named(tmp_path, sig, name):
     assert f"error: worker 1 was killed by {name}; stopping" in errors[0]
 
 
+def test_the_schedulers_port_is_one_the_kernel_never_hands_a_ps_lite_node():
+    """ps-lite's servers and workers take their ports by a bind to port 0 while the
+    scheduler still imports MXNet: one handed the scheduler's chosen port got the others'
+    registrations and aborted (van.cc "Check failed: is_scheduler_", seen in CI). The
+    launcher's ports lie below the kernel's ephemeral range, and are free."""
+    import socket
+    from launcher import roles
+    low = roles._ephemeral_low()
+    for _ in range(20):
+        port = roles.free_port("127.0.0.1")
+        assert low - roles.FIXED_PORTS <= port < low, (port, low)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert s.getsockname()[1] >= low      # where the nodes' ports come from
+
+
 def test_a_script_that_never_uses_mxlbbsp_or_the_kvstore_ends_at_once_and_cleanly():
     """`launch -n 2 -- python -c "print('hi')"`: no worker says hello, so the servers, which
     would wait for workers for ever, are stopped right after the workers end (not after the
