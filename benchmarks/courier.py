@@ -162,9 +162,11 @@ def main():
     p.add_argument("--profile-iterations", type=int, default=25)
     args = p.parse_args()
     grid = GRID
-    if C.smoke(args):        # 2 epochs, 1 seed, 2 deadlines, fixed B 64 and 256
+    if C.smoke(args):        # 2 epochs, 1 seed, 2 deadlines, fixed B 64 and 256; profiles
+        # of 16 iterations: at 8 the slowed worker's local batches could scatter over sizes
+        # that no fit can tell a fixed cost from (a CI run of stop 50)
         args.quick, args.epochs, args.seeds, args.deadlines = True, 2, 1, 2
-        args.profile_iterations, grid = 8, (64, 256)
+        args.profile_iterations, grid = 16, (64, 256)
     epochs = args.epochs or (10 if args.quick else 20)
     name = "courier_quick" if args.quick and not C.SMOKE else "courier"
     load_at_start = S.wait_for_quiet(patience_s=60 if args.quick else 600)
