@@ -69,15 +69,14 @@ def free_port(host: str) -> int:
     high = _ephemeral_low()
     low = max(1024, high - FIXED_PORTS)
     rng = random.SystemRandom()
-    for _ in range(32):
-        port = rng.randrange(low, high) if high > low else 0
+    for _ in range(32 if high > low else 0):
         with socket.socket(family) as s:
             try:
-                s.bind((host, port))
+                s.bind((host, rng.randrange(low, high)))
             except OSError:
                 continue
             return s.getsockname()[1]
-    with socket.socket(family) as s:
+    with socket.socket(family) as s:        # none free there: any the kernel gives
         s.bind((host, 0))
         return s.getsockname()[1]
 

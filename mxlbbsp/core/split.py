@@ -151,12 +151,17 @@ def _complete(batch: np.ndarray, a: np.ndarray, v: np.ndarray, hi: np.ndarray,
     batch += np.bincount(chosen, minlength=len(batch))
 
 
-def equal_split(total: int, n: int) -> np.ndarray:
-    """BSP's split: total // n each, the remainder one each to the lowest ranks."""
+def _equal_parts(total: int, n: int) -> tuple:
+    """(total // n, total % n) of BSP's split; SplitError when a worker would get nothing."""
     if n <= 0 or total < n:
         raise SplitError(f"cannot split a global batch of {total} among {n} workers "
                               "with at least one sample each")
-    base, extra = divmod(int(total), int(n))
+    return divmod(int(total), int(n))
+
+
+def equal_split(total: int, n: int) -> np.ndarray:
+    """BSP's split: total // n each, the remainder one each to the lowest ranks."""
+    base, extra = _equal_parts(total, n)
     out = np.full(int(n), base, dtype=np.int64)
     out[:extra] += 1
     return out
@@ -174,10 +179,7 @@ def equal_slice(total: int, n: int, rank: int) -> Slice:
     """Worker ``rank``'s slice of :func:`equal_split` ``(total, n)``, in integers: what a
     worker of ``bsp`` (and every mode without splits) cuts each iteration, without building
     the whole split."""
-    if n <= 0 or total < n:
-        raise SplitError(f"cannot split a global batch of {total} among {n} workers "
-                              "with at least one sample each")
-    base, extra = divmod(int(total), int(n))
+    base, extra = _equal_parts(total, n)
     rank = int(rank)
     return Slice(rank * base + min(rank, extra), base + (rank < extra), int(total))
 
