@@ -86,3 +86,45 @@ def test_batchnorm_layers_pair_up_in_the_order_of_the_parameters_on_every_worker
     pairs = RunningStats(aux, key=0)._pairs()
     assert [(aux[p.mean].shape, p.momentum) for p in pairs] == [((5,), 0.9), ((3,), 0.8)]
     assert [p.var for p in pairs] == [p.mean + 1 for p in pairs]
+
+
+def test_batchnorm_statistics_live_in_one_buffer_that_follows_a_reinitialised_layer():
+    # A step reads the running statistics as one flat array and sets them with one copy:
+    # the layers' arrays are views of it. Combining one worker's statistics must leave them
+    # as the forward pass left them, and a layer re-initialised since (new arrays, not
+    # views) must be read from its new arrays, not from the buffer it left.
+    from mxlbbsp.worker.batchnorm import RunningStats
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(6), gluon.nn.BatchNorm(momentum=0.9), gluon.nn.Dense(4),
+            gluon.nn.BatchNorm(momentum=0.8))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = mx.nd.array(np.random.RandomState(0).randn(8, 5))
+    aux = [p for p in net.collect_params().values() if p.grad_req == "null"]
+    stats, kv = RunningStats(aux, key=100), mx.kv.create("local")
+
+    def forward():
+        with autograd.record():
+            net(x * (1 + len(seen))).backward()
+        seen.append(1)
+
+    def flat_params():
+        return np.concatenate([p.data().asnumpy().ravel() for p in stats._order])
+
+    seen = []
+    forward()                             # the layers' shapes (deferred) and statistics
+    stats._flat()
+    for _ in range(3):
+        forward()
+        before = flat_params()
+        stats.combine(kv, 8, 8)           # one worker: the combined statistics are its own
+        assert np.allclose(flat_params(), before, rtol=1e-5, atol=1e-6)
+        assert np.array_equal(stats._flat().asnumpy(), flat_params())
+    net.initialize(mx.init.Xavier(), force_reinit=True)
+    forward()
+    assert np.array_equal(stats._flat().asnumpy(), flat_params())
+    before = flat_params()
+    stats.combine(kv, 8, 8)
+    assert np.allclose(flat_params(), before, rtol=1e-5, atol=1e-6)
+    forward()                             # the forward pass writes into the buffer again
+    assert np.array_equal(stats._flat().asnumpy(), flat_params())

@@ -33,6 +33,12 @@ class RunningStats:
         self._bounds: List[tuple] = []
         self._count = self._means = 0
         self._spread = None
+        # the statistics' own arrays as views of one flat float32 buffer (_bind), so that a
+        # step reads them and sets them with one operator each instead of one per parameter
+        # (42 on ResNet-20: 8 ms of the main thread's CPU per step); None where they cannot
+        # be (several contexts, another dtype or storage) or were replaced since (_bound)
+        self._buffer = None
+        self._views: List = []
 
     def combine(self, kvstore, local: int, total: int) -> None:
         """Running statistics := those of one process on the whole global batch.
@@ -102,6 +108,9 @@ class RunningStats:
                 parts.append(combined[2 * means:])
             combined = nd.concat(*parts, dim=0)
         self._ref = combined
+        if self._bound():
+            combined.copyto(self._buffer)
+            return
         for p, (begin, end) in zip(self._order, self._bounds):
             p.set_data(combined[begin:end].reshape(p.shape).astype(p.dtype, copy=False))
 
@@ -128,8 +137,46 @@ class RunningStats:
                 [np.full(size, 1.0 / (1.0 - pair.momentum) if pair.momentum < 1.0 else 0.0)
                  for pair, size in zip(layout, sizes[:len(layout)])] or [np.zeros(0)]),
                 dtype="float32")
+        if self._bound() or self._bind():
+            return self._buffer
         return nd.concat(*[p.data().astype("float32", copy=False).reshape(-1)
                            for p in self._order], dim=0)
+
+    def _bind(self) -> bool:
+        """Make each statistic's array a view of one flat float32 buffer in the layout of
+        :meth:`start` (its values copied in): BatchNorm's forward pass then updates the
+        buffer in place, :meth:`_flat` is the buffer, and :meth:`finish` one copy into it.
+        Only for one context, float32 and dense storage; False (the per-parameter path)
+        otherwise."""
+        self._buffer, self._views = None, []
+        arrays = []
+        for p in self._order:
+            data = p._data
+            if data is None or len(data) != 1 or data[0].dtype != np.float32 \
+                    or data[0].stype != "default":
+                return False
+            arrays.append(data[0])
+        if len({a.context for a in arrays}) != 1:
+            return False
+        buffer = nd.concat(*[a.reshape(-1) for a in arrays], dim=0)
+        views = [buffer[begin:end].reshape(a.shape)
+                 for a, (begin, end) in zip(arrays, self._bounds)]
+        for p, view in zip(self._order, views):
+            p._data[0] = view
+        self._buffer, self._views = buffer, views
+        return True
+
+    def _bound(self) -> bool:
+        """The statistics' arrays are still the buffer's views (a re-initialised parameter
+        gets arrays of its own: bound again at the next :meth:`_flat`)."""
+        if self._buffer is None:
+            return False
+        for p, view in zip(self._order, self._views):
+            data = p._data
+            if data is None or len(data) != 1 or data[0] is not view:
+                self._buffer, self._views = None, []
+                return False
+        return True
 
     def _push(self, kvstore, flat, key_offset: int = 0):
         """Push ``flat`` (float32: the servers sum in float32 whatever the dtype) and pull
